@@ -1,0 +1,97 @@
+"""What a run leaves behind: per-request and per-step records, as numpy columns.
+
+Both backends produce the same ``RunRecords`` (the simulator from its modelled clock, the engine
+from the wall clock), so every metric and plot applies to either unchanged.
+
+Per request (arrays of length N, ordered by request_id):
+
+    request_id, arrival_time, num_prompt_tokens, true_output_tokens, max_output_tokens,
+    num_output_tokens      tokens actually emitted (== true_output_tokens iff finished)
+    status                 STATUS_FINISHED / STATUS_REJECTED / STATUS_UNFINISHED
+    reject_reason          list[str], "" unless rejected
+    ttft_slo, itl_slo      the request's SLO in seconds (NaN: none given)
+    first_admit_time       first admission (NaN if never admitted): queue wait = this - arrival
+    num_preemptions        preemptions by recompute
+    computed_tokens        all tokens it computed (prefill chunks + decodes, recompute included)
+    recomputed_tokens      of those, tokens computed again after a preemption
+
+Token times are a CSR pair: the times of request i's output tokens are
+``token_times[token_offsets[i]:token_offsets[i + 1]]`` (seconds, non-decreasing).
+
+Per step (arrays of length S): step_start, step_end, prefill_tokens, decode_tokens,
+num_running, num_waiting (after the step's admissions), kv_used_blocks, token_budget.
+Scalars: num_kv_blocks, block_size.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, fields
+
+import numpy as np
+
+STATUS_FINISHED = 0
+STATUS_REJECTED = 1
+STATUS_UNFINISHED = 2
+
+
+@dataclass(frozen=True, eq=False)
+class RunRecords:
+    request_id: np.ndarray
+    arrival_time: np.ndarray
+    num_prompt_tokens: np.ndarray
+    true_output_tokens: np.ndarray
+    max_output_tokens: np.ndarray
+    num_output_tokens: np.ndarray
+    status: np.ndarray
+    reject_reason: list[str]
+    ttft_slo: np.ndarray
+    itl_slo: np.ndarray
+    first_admit_time: np.ndarray
+    num_preemptions: np.ndarray
+    computed_tokens: np.ndarray
+    recomputed_tokens: np.ndarray
+    token_times: np.ndarray
+    token_offsets: np.ndarray
+    step_start: np.ndarray
+    step_end: np.ndarray
+    prefill_tokens: np.ndarray
+    decode_tokens: np.ndarray
+    num_running: np.ndarray
+    num_waiting: np.ndarray
+    kv_used_blocks: np.ndarray
+    token_budget: np.ndarray
+    num_kv_blocks: int
+    block_size: int
+
+    @property
+    def num_requests(self) -> int:
+        return len(self.request_id)
+
+    def tokens_of(self, i: int) -> np.ndarray:
+        """Output-token times of the request at row ``i``."""
+        return self.token_times[self.token_offsets[i] : self.token_offsets[i + 1]]
+
+    def digest(self) -> str:
+        """SHA-256 over every column's bytes: equal digests mean byte-identical records."""
+        h = hashlib.sha256()
+        for f in fields(self):
+            v = getattr(self, f.name)
+            h.update(f.name.encode())
+            if isinstance(v, np.ndarray):
+                h.update(str(v.dtype).encode())
+                h.update(np.ascontiguousarray(v).tobytes())
+            else:
+                h.update(repr(v).encode())
+        return h.hexdigest()
+
+    def check(self) -> None:
+        """Assert the records' own invariants (used by tests and after every run)."""
+        n = self.num_requests
+        assert len(self.token_offsets) == n + 1 and self.token_offsets[0] == 0
+        assert self.token_offsets[-1] == len(self.token_times)
+        assert np.array_equal(np.diff(self.token_offsets), self.num_output_tokens)
+        fin = self.status == STATUS_FINISHED
+        assert np.array_equal(self.num_output_tokens[fin], self.true_output_tokens[fin])
+        assert np.all(self.num_output_tokens[self.status == STATUS_REJECTED] == 0)
+        assert np.all(np.diff(self.step_end) >= 0)
