@@ -1,0 +1,150 @@
+"""KV block accounting: ids, reference counts, a free queue and a prefix-cache index.
+
+No tensors live here (STYLE.md habit 5): the executor maps block ids to rows of its KV tensor and
+the simulator uses them as plain numbers, so fragmentation, prefix hits and preemptions are the
+same on both backends.
+
+Every block is in exactly one of three states:
+
+    used          ref > 0                         (held by >= 1 request)
+    free, plain   ref == 0, no hash               (in ``_plain``: a LIFO stack)
+    free, cached  ref == 0, hash -> block in index (in ``_lru``: oldest first, evicted first)
+
+Allocation takes plain blocks first and evicts the least recently freed cached block only when
+no plain block is left, so cached prefixes survive as long as possible.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+
+
+class BlockPool:
+    """``num_blocks`` blocks of ``block_size`` tokens.
+
+    Contracts:
+        * ``num_free``/``match`` never modify the pool.
+        * ``allocate(n)`` returns ``n`` fresh block ids with ref 1, or ``None`` and changes nothing.
+        * ``adopt`` takes a reference on blocks found by ``match`` (reviving cached free blocks).
+        * ``release`` drops one reference per id; a block reaching 0 becomes free (cached if it
+          has a hash, plain otherwise). Releasing a block with ref 0 is an AssertionError.
+    """
+
+    def __init__(self, num_blocks: int, block_size: int) -> None:
+        if not isinstance(num_blocks, int) or num_blocks < 1:
+            raise ValueError(f"num_blocks must be an int >= 1, got {num_blocks!r}")
+        if not isinstance(block_size, int) or block_size < 1:
+            raise ValueError(f"block_size must be an int >= 1, got {block_size!r}")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self._ref = [0] * num_blocks
+        self._hash: list[int | None] = [None] * num_blocks
+        self._index: dict[int, int] = {}  # block hash -> block id
+        # Plain free blocks as a stack; reversed so that a fresh pool hands out 0, 1, 2, ...
+        self._plain: list[int] = list(range(num_blocks - 1, -1, -1))
+        self._lru: OrderedDict[int, None] = OrderedDict()
+
+    # -- queries (no side effects) -------------------------------------------------------------
+    @property
+    def num_free(self) -> int:
+        """Blocks an allocation can take now (plain plus evictable cached)."""
+        return len(self._plain) + len(self._lru)
+
+    @property
+    def num_used(self) -> int:
+        return self.num_blocks - len(self._plain) - len(self._lru)
+
+    @property
+    def num_cached(self) -> int:
+        return len(self._index)
+
+    def ref_count(self, block: int) -> int:
+        return self._ref[block]
+
+    def match(self, hashes: Sequence[int]) -> list[int]:
+        """Longest prefix of ``hashes`` present in the cache index, as block ids."""
+        out = []
+        index = self._index
+        for h in hashes:
+            b = index.get(h)
+            if b is None:
+                break
+            out.append(b)
+        return out
+
+    def num_free_after_adopting(self, blocks: Iterable[int]) -> int:
+        """Free blocks left if ``blocks`` (from ``match``) were adopted."""
+        return self.num_free - sum(1 for b in blocks if self._ref[b] == 0)
+
+    # -- mutation ------------------------------------------------------------------------------
+    def allocate(self, n: int) -> list[int] | None:
+        if n > len(self._plain) + len(self._lru):
+            return None
+        plain = self._plain
+        k = min(n, len(plain))
+        out = plain[len(plain) - k :]
+        del plain[len(plain) - k :]
+        out.reverse()
+        ref = self._ref
+        for b in out:
+            ref[b] = 1
+        while len(out) < n:
+            b, _ = self._lru.popitem(last=False)
+            h = self._hash[b]
+            assert h is not None
+            del self._index[h]
+            self._hash[b] = None
+            ref[b] = 1
+            out.append(b)
+        return out
+
+    def adopt(self, blocks: Iterable[int]) -> None:
+        ref = self._ref
+        for b in blocks:
+            if ref[b] == 0:
+                del self._lru[b]
+            ref[b] += 1
+
+    def release(self, blocks: Sequence[int]) -> None:
+        """Drop one reference per block; freed blocks enter the free queue tail-first.
+
+        ``blocks`` is a request's table in order; it is walked backwards so that, among one
+        request's cached blocks, the deepest (least shareable) is evicted first.
+        """
+        ref = self._ref
+        for b in reversed(blocks):
+            assert ref[b] > 0, f"double free of block {b}"
+            ref[b] -= 1
+            if ref[b] == 0:
+                if self._hash[b] is None:
+                    self._plain.append(b)
+                else:
+                    self._lru[b] = None
+
+    def register(self, block: int, block_hash: int) -> bool:
+        """Publish a full, used block under its chained hash. False if the hash is taken."""
+        assert self._ref[block] > 0 and self._hash[block] is None
+        if block_hash in self._index:
+            return False
+        self._index[block_hash] = block
+        self._hash[block] = block_hash
+        return True
+
+    # -- invariants ----------------------------------------------------------------------------
+    def check_integrity(self) -> None:
+        """Assert the three-state partition and the index's consistency."""
+        plain, lru = set(self._plain), set(self._lru)
+        assert len(plain) == len(self._plain), "duplicate in plain free stack"
+        assert not (plain & lru), "block both plain-free and cached-free"
+        for b in range(self.num_blocks):
+            r, h = self._ref[b], self._hash[b]
+            assert r >= 0, f"negative ref on block {b}"
+            if r == 0:
+                assert (b in plain) != (b in lru), f"free block {b} not in exactly one free list"
+                assert (h is None) == (b in plain), f"free block {b} hash/list mismatch"
+            else:
+                assert b not in plain and b not in lru, f"used block {b} in a free list"
+            if h is not None:
+                assert self._index.get(h) == b, f"block {b} hash not indexed"
+        assert len(self._index) == sum(h is not None for h in self._hash)

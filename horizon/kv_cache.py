@@ -1,0 +1,202 @@
+"""Per-request block tables on top of the ``BlockPool``, with prefix-cache hashing.
+
+The scheduler is the only writer. Policies see a ``KVView`` (read-only). Invariant box for a
+request ``r`` holding table ``T`` (``bs`` = block size):
+
+    tokens  [0, bs) [bs, 2bs) ...  [(k-1)bs, C)      k = len(T) = ceil(C / bs)
+    blocks   T[0]    T[1]     ...   T[k-1]
+             |<- registered prompt blocks ->|        full blocks of the prompt, hashed, shareable
+
+Only *prompt* blocks are hashed: generated tokens differ between backends (placeholders in the
+simulator), so sharing stops at the prompt. A prefix hit never covers a request's last token
+(DESIGN.md), so every request computes at least one token and produces logits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from horizon.block_pool import BlockPool
+from horizon.request import Request
+
+
+def chained_block_hashes(token_ids: Sequence[int], block_size: int) -> list[int]:
+    """Hash of each full block, chained on its parent so equal hashes mean equal prefixes."""
+    out = []
+    h = 0
+    for i in range(0, len(token_ids) - block_size + 1, block_size):
+        h = hash((h, tuple(token_ids[i : i + block_size])))
+        out.append(h)
+    return out
+
+
+class KVCacheManager:
+    """Block tables of running requests; every method keeps the pool consistent or fails whole."""
+
+    def __init__(self, pool: BlockPool, enable_prefix_caching: bool = True) -> None:
+        self.pool = pool
+        self.block_size = pool.block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self._tables: dict[int, list[int]] = {}
+        self._registered: dict[int, int] = {}  # request id -> prompt blocks registered
+        self._hashes: dict[int, list[int]] = {}  # request id -> prompt block hashes
+
+    # -- queries -------------------------------------------------------------------------------
+    def blocks_of(self, req: Request) -> Sequence[int]:
+        return self._tables.get(req.request_id, ())
+
+    def num_blocks_needed(self, req: Request, num_new_tokens: int) -> int:
+        """Fresh blocks ``req`` needs to compute ``num_new_tokens`` more tokens."""
+        held = len(self._tables.get(req.request_id, ()))
+        need = -(-(req.num_computed_tokens + num_new_tokens) // self.block_size)
+        return max(0, need - held)
+
+    def _prompt_hashes(self, req: Request) -> list[int]:
+        hs = self._hashes.get(req.request_id)
+        if hs is None:
+            ids = req.prompt_token_ids
+            hs = chained_block_hashes(ids, self.block_size) if ids is not None else []
+            self._hashes[req.request_id] = hs
+        return hs
+
+    def prefix_hit(self, req: Request) -> list[int]:
+        """Cached blocks ``req`` could adopt now (no side effects); never covers its last token."""
+        if not self.enable_prefix_caching or req.prompt_token_ids is None:
+            return []
+        hit = self.pool.match(self._prompt_hashes(req))
+        max_blocks = (req.num_tokens - 1) // self.block_size
+        return hit[:max_blocks]
+
+    # -- mutation ------------------------------------------------------------------------------
+    def adopt(self, req: Request, blocks: list[int]) -> None:
+        """Start ``req``'s table with prefix-hit ``blocks`` (its table must be empty)."""
+        assert req.request_id not in self._tables
+        self.pool.adopt(blocks)
+        self._tables[req.request_id] = list(blocks)
+        self._registered[req.request_id] = len(blocks)
+
+    def allocate(self, req: Request, num_blocks: int) -> bool:
+        """Append ``num_blocks`` fresh blocks to ``req``'s table, or change nothing."""
+        if num_blocks == 0:
+            return True
+        got = self.pool.allocate(num_blocks)
+        if got is None:
+            return False
+        table = self._tables.get(req.request_id)
+        if table is None:
+            self._tables[req.request_id] = got
+        else:
+            table.extend(got)
+        return True
+
+    def register_computed(self, req: Request) -> None:
+        """Publish ``req``'s prompt blocks that are now fully computed."""
+        if not self.enable_prefix_caching or req.prompt_token_ids is None:
+            return
+        rid = req.request_id
+        done = min(req.num_computed_tokens, req.num_prompt_tokens) // self.block_size
+        start = self._registered.get(rid, 0)
+        if done <= start:
+            return
+        hs = self._prompt_hashes(req)
+        table = self._tables[rid]
+        for i in range(start, done):
+            self.pool.register(table[i], hs[i])  # a taken hash keeps the older block; fine
+        self._registered[rid] = done
+
+    def free(self, req: Request, keep_hashes: bool = False) -> int:
+        """Release all of ``req``'s blocks; returns how many it held."""
+        rid = req.request_id
+        table = self._tables.pop(rid, None)
+        self._registered.pop(rid, None)
+        if not keep_hashes:
+            self._hashes.pop(rid, None)
+        if table is None:
+            return 0
+        self.pool.release(table)
+        return len(table)
+
+    def check_integrity(self) -> None:
+        """Pool invariants, and every used block's ref count equals the tables holding it."""
+        self.pool.check_integrity()
+        refs: dict[int, int] = {}
+        for table in self._tables.values():
+            assert len(set(table)) == len(table), "block twice in one table"
+            for b in table:
+                refs[b] = refs.get(b, 0) + 1
+        for b in range(self.pool.num_blocks):
+            assert self.pool.ref_count(b) == refs.get(b, 0), f"block {b}: ref != table count"
+
+
+class KVView:
+    """What a policy may read about the KV budget. Nothing here mutates anything."""
+
+    __slots__ = ("_kv", "_reserve")
+
+    def __init__(self, kv: KVCacheManager, reserve: ReservationLedger) -> None:
+        self._kv = kv
+        self._reserve = reserve
+
+    @property
+    def block_size(self) -> int:
+        return self._kv.block_size
+
+    @property
+    def num_blocks(self) -> int:
+        return self._kv.pool.num_blocks
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self._kv.pool.num_free
+
+    @property
+    def num_reserved_blocks(self) -> int:
+        """Blocks running requests' reservations may still claim (0 without reservations)."""
+        return self._reserve.outstanding
+
+    def blocks_held(self, req: Request) -> int:
+        return len(self._kv.blocks_of(req))
+
+    def blocks_needed(self, req: Request, num_new_tokens: int) -> int:
+        return self._kv.num_blocks_needed(req, num_new_tokens)
+
+    def blocks_to_admit(self, req: Request, total_tokens: int) -> int:
+        """Free blocks that admitting ``req`` and growing it to ``total_tokens`` would consume,
+        after prefix-cache hits (a cached free block revived by the hit counts as consumed)."""
+        hit = self._kv.prefix_hit(req)
+        fresh = max(0, -(-total_tokens // self._kv.block_size) - len(hit))
+        revived = self._kv.pool.num_free - self._kv.pool.num_free_after_adopting(hit)
+        return fresh + revived
+
+
+class ReservationLedger:
+    """Blocks promised to running requests by a reserving policy, kept as two running sums.
+
+    ``outstanding = sum(reserved_i) - sum(held_i)`` over requests with a reservation. A policy
+    that admits only when ``blocks_to_admit <= free - outstanding`` can never run out of blocks.
+    """
+
+    __slots__ = ("_reserved", "outstanding")
+
+    def __init__(self) -> None:
+        self._reserved: dict[int, int] = {}
+        self.outstanding = 0
+
+    def add(self, rid: int, blocks: int, held: int) -> None:
+        if blocks > 0:
+            self._reserved[rid] = blocks
+            self.outstanding += blocks - held
+
+    def grew(self, rid: int, n: int) -> None:
+        if rid in self._reserved:
+            self.outstanding -= n
+
+    def drop(self, rid: int, held: int) -> None:
+        blocks = self._reserved.pop(rid, None)
+        if blocks is not None:
+            self.outstanding -= blocks - held
+
+    def check(self, kv: KVCacheManager, running: dict[int, Request]) -> None:
+        want = sum(b - len(kv.blocks_of(running[r])) for r, b in self._reserved.items())
+        assert want == self.outstanding, f"reservation ledger {self.outstanding} != {want}"
+        assert set(self._reserved) <= set(running)

@@ -1,0 +1,78 @@
+"""What passes between the scheduler and a backend each step.
+
+``schedule(now) -> StepPlan`` → backend ``execute(plan) -> StepResult`` →
+``update(plan, result, now)``. Backends read the plan and the requests' counters (as they were
+when the plan was made) and never touch scheduler state.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from horizon.request import Request
+
+
+@dataclass(frozen=True, eq=False)
+class StepPlan:
+    """One engine step, explicit per request.
+
+    Attributes:
+        step: index of this step in the run (0, 1, 2, ...).
+        time: the scheduler's clock when the plan was made (seconds).
+        decodes: requests computing exactly one token (their last) and emitting one.
+        prefills: ``(request, n)`` chunks: ``n`` prompt/recompute tokens starting at the
+            request's ``num_computed_tokens``. A chunk that ends the prefill emits a token.
+        preempted: requests preempted by recompute while making this plan (not in the step).
+        rejected: ``(request, reason)`` for requests that can never run.
+        decode_context_tokens: sum of the decodes' context lengths (KV tokens read).
+        prefill_attention_pairs: sum over chunks of query-key pairs attended (causal).
+        num_running / num_waiting: queue sizes after this plan's admissions.
+        kv_used_blocks: blocks in use after this plan's allocations.
+        token_budget: the step's token budget.
+    """
+
+    step: int
+    time: float
+    decodes: tuple[Request, ...]
+    prefills: tuple[tuple[Request, int], ...]
+    preempted: tuple[Request, ...] = ()
+    rejected: tuple[tuple[Request, str], ...] = ()
+    decode_context_tokens: int = 0
+    prefill_attention_pairs: int = 0
+    prefill_context_tokens: int = 0
+    num_running: int = 0
+    num_waiting: int = 0
+    kv_used_blocks: int = 0
+    token_budget: int = 0
+
+    @property
+    def num_decode_tokens(self) -> int:
+        return len(self.decodes)
+
+    @property
+    def num_prefill_tokens(self) -> int:
+        return sum(n for _, n in self.prefills)
+
+    @property
+    def num_tokens(self) -> int:
+        return self.num_decode_tokens + self.num_prefill_tokens
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.decodes and not self.prefills
+
+
+@dataclass(frozen=True, eq=False)
+class StepResult:
+    """What a backend returns for a plan.
+
+    Attributes:
+        duration: seconds the step took (measured on the engine, modelled in the simulator).
+        finished: requests that stopped at this step (their stopping rule: true length, EOS,
+            or ``max_output_tokens``); each emitted its last token in this step.
+        token_ids: request id -> token emitted this step (the engine); empty in the simulator.
+    """
+
+    duration: float
+    finished: tuple[Request, ...] = ()
+    token_ids: dict[int, int] = field(default_factory=dict)

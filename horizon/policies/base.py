@@ -1,0 +1,43 @@
+"""The policy interface: decisions only. A policy never allocates or mutates a request.
+
+The scheduler owns the mechanics (token budget, chunked prefill, block allocation, preemption by
+recompute, rejection). It asks the policy four questions:
+
+* ``waiting_key(req)``: the waiting queue's order (smallest first). Computed once when the
+  request enters the queue, so it must not depend on ``now``. Linear aging fits: ordering by
+  ``size - rate * (now - arrival)`` is ordering by ``size + rate * arrival``.
+* ``admit(req, view)``: may the head of the queue start now? (budget and block checks are the
+  scheduler's; this is the policy's extra gate). Returning False stops admission this step.
+* ``reserve_tokens(req)``: tokens whose blocks stay promised to ``req`` while it runs (0: none).
+  The scheduler keeps the ledger; ``view.num_reserved_blocks`` reads it.
+* ``choose_victim(running, needing)``: the request to preempt when ``needing`` lacks a block.
+  May return ``needing`` itself (it then waits). ``running`` is in admission order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from horizon.kv_cache import KVView
+from horizon.request import Request
+
+
+class Policy:
+    """Base policy: FCFS order, no extra gate, no reservation, preempt the lowest priority."""
+
+    name = "base"
+    reads_true_length = False  # only oracle policies may set this
+
+    def waiting_key(self, req: Request) -> Any:
+        return (req.arrival_time, req.request_id)
+
+    def admit(self, req: Request, view: KVView) -> bool:
+        return True
+
+    def reserve_tokens(self, req: Request) -> int:
+        return 0
+
+    def choose_victim(self, running: Sequence[Request], needing: Request) -> Request:
+        """Lowest priority = largest waiting key, later admission breaking ties."""
+        return max(running, key=lambda r: (self.waiting_key(r), r.admit_seq))

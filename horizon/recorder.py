@@ -1,0 +1,161 @@
+"""Collects what happens to each request during a run; ``build()`` turns it into RunRecords.
+
+The recorder stores *runs* of tokens rather than every token: while a request decodes it emits
+one token per step, so a run ``(first_step, count)`` says it emitted at steps
+``first_step .. first_step + count - 1``. Token times are derived from the step clock at
+``build()``. The event-driven scheduler opens and closes runs; the reference scheduler emits
+token by token (``emit``), which extends the same runs — so both give identical records.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from horizon.metrics.records import (
+    STATUS_FINISHED,
+    STATUS_REJECTED,
+    STATUS_UNFINISHED,
+    RunRecords,
+)
+from horizon.request import Request
+
+
+class _Rec:
+    __slots__ = (
+        "req", "status", "reason", "admit_time", "computed", "recomputed", "high_water",
+        "runs",
+    )
+
+    def __init__(self, req: Request) -> None:
+        self.req = req
+        self.status = STATUS_UNFINISHED
+        self.reason = ""
+        self.admit_time = math.nan
+        self.computed = 0
+        self.recomputed = 0
+        self.high_water = 0  # most tokens ever computed: recompute below this is waste
+        self.runs: list[list[int]] = []
+
+
+class Recorder:
+    """One run's records. Every method is O(1) except ``build``."""
+
+    def __init__(self, num_kv_blocks: int, block_size: int) -> None:
+        self.num_kv_blocks = num_kv_blocks
+        self.block_size = block_size
+        self._recs: dict[int, _Rec] = {}
+        self._steps: list[tuple[float, float, int, int, int, int, int, int]] = []
+
+    def arrive(self, req: Request) -> None:
+        if req.request_id in self._recs:
+            raise ValueError(f"duplicate request_id {req.request_id}")
+        self._recs[req.request_id] = _Rec(req)
+
+    def reject(self, req: Request, reason: str) -> None:
+        r = self._recs[req.request_id]
+        r.status, r.reason = STATUS_REJECTED, reason
+
+    def admit(self, req: Request, now: float) -> None:
+        r = self._recs[req.request_id]
+        if math.isnan(r.admit_time):
+            r.admit_time = now
+
+    def compute(self, req: Request, start: int, n: int) -> None:
+        """``n`` tokens computed from position ``start`` (a prefill chunk)."""
+        r = self._recs[req.request_id]
+        r.computed += n
+        end = start + n
+        if start < r.high_water:
+            r.recomputed += min(end, r.high_water) - start
+        if end > r.high_water:
+            r.high_water = end
+
+    def emit(self, req: Request, step: int) -> None:
+        """One token emitted at ``step`` (reference mode, and every run's first token)."""
+        runs = self._recs[req.request_id].runs
+        if runs and runs[-1][0] + runs[-1][1] == step:
+            runs[-1][1] += 1
+        else:
+            runs.append([step, 1])
+
+    def close_run(self, req: Request, last_step: int) -> None:
+        """The request emitted at every step through ``last_step`` since its run opened; each
+        step after the first also computed one decode token."""
+        r = self._recs[req.request_id]
+        run = r.runs[-1]
+        extra = last_step - (run[0] + run[1] - 1)
+        assert extra >= 0
+        run[1] += extra
+        r.computed += extra
+        r.high_water = max(r.high_water, req.num_computed_tokens)
+
+    def decode(self, req: Request, step: int) -> None:
+        """Reference mode: one decode token computed and emitted at ``step``."""
+        r = self._recs[req.request_id]
+        r.computed += 1
+        r.high_water = max(r.high_water, req.num_computed_tokens)
+        self.emit(req, step)
+
+    def finish(self, req: Request) -> None:
+        self._recs[req.request_id].status = STATUS_FINISHED
+
+    def step(self, start: float, end: float, prefill: int, decode: int, running: int,
+             waiting: int, kv_used: int, budget: int) -> None:
+        self._steps.append((start, end, prefill, decode, running, waiting, kv_used, budget))
+
+    # -- output --------------------------------------------------------------------------------
+    def build(self) -> RunRecords:
+        recs = sorted(self._recs.values(), key=lambda r: r.req.request_id)
+        steps = np.array(self._steps, dtype=np.float64).reshape(-1, 8)
+        step_end = steps[:, 1].copy()
+        counts, starts = [], []
+        for r in recs:
+            for s, c in r.runs:
+                starts.append(s)
+                counts.append(c)
+        starts_a = np.array(starts, dtype=np.int64)
+        counts_a = np.array(counts, dtype=np.int64)
+        # token k of a run starting at s is at step s + k: a vectorised arange per run
+        first = np.repeat(starts_a - np.concatenate(([0], np.cumsum(counts_a)[:-1])), counts_a)
+        idx = first + np.arange(int(counts_a.sum()), dtype=np.int64)
+        token_times = step_end[idx] if len(idx) else np.zeros(0)
+        per_req = np.array([sum(c for _, c in r.runs) for r in recs], dtype=np.int64)
+
+        def col(f, dtype) -> np.ndarray:  # noqa: ANN001
+            return np.array([f(r) for r in recs], dtype=dtype)
+
+        def slo(r: _Rec, attr: str) -> float:
+            s = r.req.slo
+            return getattr(s, attr) if s is not None else math.nan
+
+        i64 = np.int64
+        return RunRecords(
+            request_id=col(lambda r: r.req.request_id, i64),
+            arrival_time=col(lambda r: r.req.arrival_time, np.float64),
+            num_prompt_tokens=col(lambda r: r.req.num_prompt_tokens, i64),
+            true_output_tokens=col(lambda r: r.req.true_output_tokens, i64),
+            max_output_tokens=col(lambda r: r.req.max_output_tokens, i64),
+            num_output_tokens=per_req,
+            status=col(lambda r: r.status, np.int8),
+            reject_reason=[r.reason for r in recs],
+            ttft_slo=col(lambda r: slo(r, "ttft"), np.float64),
+            itl_slo=col(lambda r: slo(r, "itl"), np.float64),
+            first_admit_time=col(lambda r: r.admit_time, np.float64),
+            num_preemptions=col(lambda r: r.req.num_preemptions, i64),
+            computed_tokens=col(lambda r: r.computed, i64),
+            recomputed_tokens=col(lambda r: r.recomputed, i64),
+            token_times=token_times,
+            token_offsets=np.concatenate(([0], np.cumsum(per_req))).astype(i64),
+            step_start=steps[:, 0].copy(),
+            step_end=step_end,
+            prefill_tokens=steps[:, 2].astype(i64),
+            decode_tokens=steps[:, 3].astype(i64),
+            num_running=steps[:, 4].astype(i64),
+            num_waiting=steps[:, 5].astype(i64),
+            kv_used_blocks=steps[:, 6].astype(i64),
+            token_budget=steps[:, 7].astype(i64),
+            num_kv_blocks=self.num_kv_blocks,
+            block_size=self.block_size,
+        )

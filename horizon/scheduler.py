@@ -1,0 +1,335 @@
+"""The scheduler: one set of mechanics under every policy and backend.
+
+Each step: (1) running decodes get the block their next token needs, preempting by recompute
+when the pool is dry (the policy picks the victim); (2) running prefills take chunks of the
+remaining token budget; (3) waiting requests are admitted in the policy's order while budget,
+``max_num_seqs``, blocks and the policy's gate allow. Decodes come first and each costs one token,
+so prefills never starve them.
+
+Two step modes give identical records (a test compares them byte for byte):
+
+* ``reference``: every running request is visited every step; counters advance one by one.
+* ``event``: a step touches a request only when something happens to it. Decoding requests'
+  counters are *anchored* to the step clock (see ``Request``), their next block boundary sits in
+  a calendar keyed by step, the decode set's tuple and its total context are kept incrementally.
+  A step then costs O(events), not O(running requests).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Sequence
+
+from horizon.block_pool import BlockPool
+from horizon.kv_cache import KVCacheManager, KVView, ReservationLedger
+from horizon.plan import StepPlan, StepResult
+from horizon.policies.base import Policy
+from horizon.recorder import Recorder
+from horizon.request import Request, RequestStatus, StepClock
+from horizon.scheduler_config import SchedulerConfig
+
+REJECT_MAX_MODEL_LEN = "exceeds_max_model_len"
+REJECT_KV_POOL = "exceeds_kv_pool"
+
+
+class Scheduler:
+    """``add(request)``, ``schedule(now) -> StepPlan``, ``update(plan, result, now)``.
+
+    Contracts:
+        * ``schedule`` allocates every block the plan needs; a backend only computes.
+        * ``update`` must be called with the plan of the latest ``schedule``, once.
+        * A request that can never run is rejected (reported in the next plan and the records),
+          never dropped.
+    """
+
+    def __init__(self, config: SchedulerConfig, policy: Policy, recorder: Recorder | None = None):
+        self.config = config
+        self.policy = policy
+        self.pool = BlockPool(config.num_blocks, config.block_size)
+        self.kv = KVCacheManager(self.pool, config.enable_prefix_caching)
+        self.ledger = ReservationLedger()
+        self.view = KVView(self.kv, self.ledger)
+        self.recorder = recorder or Recorder(config.num_blocks, config.block_size)
+        self.clock = StepClock()
+        self._event = config.step_mode == "event"
+        self._bs = config.block_size
+        self._waiting: list[tuple[object, int, Request]] = []  # heap of (key, seq, request)
+        self._seq = 0
+        self._admit_seq = 0
+        self.running: dict[int, Request] = {}  # admission order
+        self._prefilling: dict[int, Request] = {}  # running, in prefill (admission order)
+        self._decoding: dict[int, Request] = {}  # event mode: running, in decode (anchored)
+        self._decode_tuple: tuple[Request, ...] | None = ()
+        self._ctx_base = 0  # event mode: sum over decoding of (C - clock.step), see plan
+        self._calendar: dict[int, list[Request]] = {}  # step -> decodes needing a block then
+        self._boundary: dict[int, int] = {}  # request id -> its calendar step
+        self._rejected: list[tuple[Request, str]] = []
+        self._last_plan_step = -1
+
+    # -- arrivals --------------------------------------------------------------------------------
+    def add(self, req: Request) -> None:
+        """Queue an arriving request, or reject it (with a reason) if it can never run."""
+        if req.status is not RequestStatus.WAITING or req.num_output_tokens:
+            raise ValueError(f"request {req.request_id} was already scheduled")
+        self.recorder.arrive(req)
+        reason = self._never_fits(req)
+        if reason:
+            req.status = RequestStatus.REJECTED
+            self.recorder.reject(req, reason)
+            self._rejected.append((req, reason))
+            return
+        self._enqueue(req)
+
+    def _never_fits(self, req: Request) -> str:
+        cfg = self.config
+        total = req.num_prompt_tokens + req.max_output_tokens
+        if total > cfg.max_model_len:
+            return REJECT_MAX_MODEL_LEN
+        if -(-total // self._bs) > cfg.num_blocks:
+            return REJECT_KV_POOL
+        return ""
+
+    def _enqueue(self, req: Request) -> None:
+        req.status = RequestStatus.WAITING
+        heapq.heappush(self._waiting, (self.policy.waiting_key(req), self._seq, req))
+        self._seq += 1
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._waiting)
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.running or self._waiting)
+
+    # -- schedule --------------------------------------------------------------------------------
+    def schedule(self, now: float) -> StepPlan:
+        """Plan the next step at time ``now``; allocates its blocks, may preempt."""
+        t = self.clock.step
+        assert self._last_plan_step < t, "update() was not called for the previous plan"
+        self._last_plan_step = t
+        preempted: list[Request] = []
+        self._grow_decodes(t, preempted)
+        budget = self.config.max_num_batched_tokens - (
+            len(self._decoding) if self._event else self._count_decodes()
+        )
+        prefills: list[tuple[Request, int]] = []
+        budget = self._schedule_prefills(budget, prefills, preempted)
+        self._admit(now, budget, prefills)
+        if preempted:  # a victim may have been given a chunk earlier in this step
+            prefills = [(r, n) for r, n in prefills if r.status is RequestStatus.RUNNING]
+        decodes = self._decodes()
+        rejected, self._rejected = tuple(self._rejected), []
+        return StepPlan(
+            step=t,
+            time=now,
+            decodes=decodes,
+            prefills=tuple(prefills),
+            preempted=tuple(preempted),
+            rejected=rejected,
+            decode_context_tokens=self._decode_context(decodes, t),
+            prefill_attention_pairs=sum(
+                n * r.num_computed_tokens + n * (n + 1) // 2 for r, n in prefills
+            ),
+            prefill_context_tokens=sum(r.num_computed_tokens + n for r, n in prefills),
+            num_running=len(self.running),
+            num_waiting=len(self._waiting),
+            kv_used_blocks=self.pool.num_used,
+            token_budget=self.config.max_num_batched_tokens,
+        )
+
+    def _count_decodes(self) -> int:
+        return sum(1 for r in self.running.values() if r.is_decode)
+
+    def _decodes(self) -> tuple[Request, ...]:
+        if not self._event:
+            return tuple(r for r in self.running.values() if r.is_decode)
+        if self._decode_tuple is None:
+            self._decode_tuple = tuple(self._decoding.values())
+        return self._decode_tuple
+
+    def _decode_context(self, decodes: Sequence[Request], t: int) -> int:
+        if self._event:
+            return self._ctx_base + len(decodes) * t
+        return sum(r.num_computed_tokens for r in decodes)
+
+    def _grow_decodes(self, t: int, preempted: list[Request]) -> None:
+        """Give each decode whose next token starts a new block that block."""
+        if self._event:
+            due = self._calendar.pop(t, None)
+            if not due:
+                return
+            boundary = self._boundary
+            due = [r for r in due if boundary.get(r.request_id) == t]
+            due.sort(key=lambda r: r.admit_seq)
+        else:
+            due = [
+                r for r in self.running.values()
+                if r.is_decode and self.kv.num_blocks_needed(r, 1)
+            ]
+        for r in due:
+            if r.status is not RequestStatus.RUNNING:
+                continue  # preempted earlier in this loop
+            if self._allocate(r, 1, preempted) and self._event:
+                self._set_boundary(r, t + self._bs)
+
+    def _schedule_prefills(
+        self, budget: int, prefills: list[tuple[Request, int]], preempted: list[Request]
+    ) -> int:
+        """Chunks for running requests still in prefill, in admission order."""
+        for r in list(self._prefilling.values()):
+            if budget <= 0:
+                break
+            if r.status is not RequestStatus.RUNNING:
+                continue  # preempted as a victim in this loop
+            n = min(r.num_tokens_to_compute, budget)
+            if not self._allocate(r, self.kv.num_blocks_needed(r, n), preempted):
+                break
+            prefills.append((r, n))
+            budget -= n
+        return budget
+
+    def _admit(self, now: float, budget: int, prefills: list[tuple[Request, int]]) -> None:
+        """Start waiting requests in policy order until budget, seats, blocks or gate run out."""
+        bs, kv, waiting = self._bs, self.kv, self._waiting
+        max_seqs = self.config.max_num_seqs
+        while budget > 0 and waiting and len(self.running) < max_seqs:
+            r = waiting[0][2]
+            if not self.policy.admit(r, self.view):
+                break
+            hit = kv.prefix_hit(r)
+            cached = len(hit) * bs
+            n = min(r.num_tokens - cached, budget)
+            need = -(-(cached + n) // bs) - len(hit)
+            if need > self.pool.num_free_after_adopting(hit):
+                break
+            heapq.heappop(waiting)
+            if hit:
+                kv.adopt(r, hit)
+            if need:
+                kv.allocate(r, need)
+            r.set_computed(cached)
+            r.status = RequestStatus.RUNNING
+            r.admit_seq = self._admit_seq
+            self._admit_seq += 1
+            self.running[r.request_id] = r
+            self._prefilling[r.request_id] = r
+            reserve = self.policy.reserve_tokens(r)
+            if reserve:
+                self.ledger.add(r.request_id, -(-reserve // bs), len(kv.blocks_of(r)))
+            self.recorder.admit(r, now)
+            prefills.append((r, n))
+            budget -= n
+
+    def _allocate(self, r: Request, k: int, preempted: list[Request]) -> bool:
+        """Give ``r`` ``k`` more blocks, preempting policy-chosen victims until it fits.
+        False if ``r`` itself was chosen (it is then back in the waiting queue)."""
+        while not self.kv.allocate(r, k):
+            victim = self.policy.choose_victim(tuple(self.running.values()), r)
+            self._preempt(victim, preempted)
+            if victim is r:
+                return False
+        if k:
+            self.ledger.grew(r.request_id, k)
+        return True
+
+    def _preempt(self, r: Request, preempted: list[Request]) -> None:
+        rid = r.request_id
+        if self._event and rid in self._decoding:
+            self.recorder.close_run(r, self.clock.step - 1)
+        self._remove_running(r)
+        r.reset_for_recompute(0)
+        self._enqueue(r)
+        preempted.append(r)
+
+    def _remove_running(self, r: Request) -> None:
+        rid = r.request_id
+        if rid in self._decoding:
+            self._ctx_base -= r.num_computed_tokens - self.clock.step
+            del self._decoding[rid]
+            self._boundary.pop(rid, None)
+            self._decode_tuple = None
+            r.settle()
+        del self.running[rid]
+        self._prefilling.pop(rid, None)
+        self.ledger.drop(rid, len(self.kv.blocks_of(r)))
+        self.kv.free(r, keep_hashes=True)
+
+    def _set_boundary(self, r: Request, step: int) -> None:
+        self._boundary[r.request_id] = step
+        bucket = self._calendar.get(step)
+        if bucket is None:
+            self._calendar[step] = [r]
+        else:
+            bucket.append(r)
+
+    # -- update ----------------------------------------------------------------------------------
+    def update(self, plan: StepPlan, result: StepResult, now: float) -> None:
+        """Account the executed ``plan``: advance counters, emit tokens, finish requests."""
+        t = plan.step
+        assert t == self.clock.step == self._last_plan_step, "update() out of order"
+        rec = self.recorder
+        entered: list[Request] = []
+        for r, n in plan.prefills:
+            rec.compute(r, r.num_computed_tokens, n)
+            if r.advance(n):
+                rec.emit(r, t)
+                del self._prefilling[r.request_id]
+                entered.append(r)
+            self.kv.register_computed(r)
+        if not self._event:
+            for r in plan.decodes:
+                r.advance(1)
+                rec.decode(r, t)
+        self.clock.step = t + 1
+        if self._event:
+            for r in entered:
+                self._enter_decode(r)
+        for r in result.finished:
+            if self._event and r.request_id in self._decoding:
+                rec.close_run(r, t)
+            self._remove_running(r)
+            assert r.num_output_tokens <= r.max_output_tokens
+            r.status = RequestStatus.FINISHED
+            rec.finish(r)
+        rec.step(plan.time, now, plan.num_prefill_tokens, len(plan.decodes), len(self.running),
+                 len(self._waiting), self.pool.num_used, plan.token_budget)
+
+    def _enter_decode(self, r: Request) -> None:
+        """Event mode: anchor a request that just finished its prefill."""
+        r.anchor(self.clock)
+        self._decoding[r.request_id] = r
+        self._decode_tuple = None
+        c, now_step = r.num_computed_tokens, self.clock.step
+        self._ctx_base += c - now_step
+        self._set_boundary(r, now_step + (-c) % self._bs)
+
+    # -- end of run ------------------------------------------------------------------------------
+    def finish_run(self) -> None:
+        """Close open token runs of requests still running when the run is cut off."""
+        if self._event:
+            for r in self._decoding.values():
+                self.recorder.close_run(r, self.clock.step - 1)
+
+    def check_integrity(self) -> None:
+        """Queues, block tables, reservations and counters agree."""
+        self.kv.check_integrity()
+        self.ledger.check(self.kv, self.running)
+        bs = self._bs
+        for rid, r in self.running.items():
+            assert r.status is RequestStatus.RUNNING
+            held = len(self.kv.blocks_of(r))
+            assert held == -(-r.num_computed_tokens // bs), (
+                f"request {rid}: {held} blocks for {r.num_computed_tokens} tokens"
+            )
+            assert (rid in self._prefilling) == r.is_prefill
+            if self._event:
+                assert (rid in self._decoding) == r.is_decode
+        assert set(self._prefilling) <= set(self.running)
+        assert set(self._decoding) <= set(self.running)
+        for _, _, r in self._waiting:
+            assert r.status is RequestStatus.WAITING and not self.kv.blocks_of(r)
+        if self._event:
+            assert self._ctx_base + len(self._decoding) * self.clock.step == sum(
+                r.num_computed_tokens for r in self._decoding.values()
+            )

@@ -1,0 +1,66 @@
+"""Step cost models: a plan's shape -> seconds.
+
+The interface is one call, ``step_time(plan)``, reading only the plan's aggregate shape (prefill
+tokens, decode count, context tokens read, attention pairs), so it is O(1) per step. The
+analytic default is a roofline: a step moves the weights once plus the KV it reads and writes,
+and does 2 FLOPs per parameter per token plus attention; its time is the larger of the two over
+the GPU's measured bandwidth and peak, plus a fixed per-step overhead (launches, CPU work).
+A model fitted to the engine's measured steps replaces it later (same interface).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from horizon.model_shape import ModelShape
+from horizon.plan import StepPlan
+from simulator.gpu import GpuSpec
+
+
+class CostModel(Protocol):
+    """Maps a plan to its duration in seconds. Must be pure: same plan shape, same time."""
+
+    def step_time(self, plan: StepPlan) -> float: ...
+
+
+@dataclass(frozen=True)
+class RooflineCostModel:
+    """``max(bytes / bandwidth, flops / peak) + overhead_s`` per step (bf16 weights and KV)."""
+
+    shape: ModelShape
+    gpu: GpuSpec
+    overhead_s: float = 0.0005
+    dtype_bytes: int = 2
+
+    def __post_init__(self) -> None:
+        if not self.overhead_s >= 0:
+            raise ValueError(f"RooflineCostModel.overhead_s must be >= 0, got {self.overhead_s!r}")
+
+    def step_time(self, plan: StepPlan) -> float:
+        return self.time_for(
+            plan.num_prefill_tokens,
+            len(plan.decodes),
+            plan.decode_context_tokens,
+            plan.prefill_context_tokens,
+            plan.prefill_attention_pairs,
+            len(plan.prefills),
+        )
+
+    def time_for(self, prefill_tokens: int, decodes: int, decode_context: int,
+                 prefill_context: int, prefill_pairs: int, num_prefills: int) -> float:
+        """Seconds for a step of this shape (see the module docstring)."""
+        s = self.shape
+        tokens = prefill_tokens + decodes
+        if tokens == 0:
+            return 0.0
+        moved = s.weight_bytes(self.dtype_bytes) + s.kv_bytes_per_token(self.dtype_bytes) * (
+            decode_context + prefill_context + decodes
+        )
+        head = s.vocab_size * s.hidden_size
+        flops = (
+            2 * (s.matmul_params - head) * tokens
+            + 2 * head * (decodes + num_prefills)  # logits only where a token is sampled
+            + 4 * s.num_layers * s.num_heads * s.head_dim * (prefill_pairs + decode_context + decodes)
+        )
+        return max(moved / self.gpu.mem_bandwidth, flops / self.gpu.peak_flops) + self.overhead_s

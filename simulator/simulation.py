@@ -1,0 +1,99 @@
+"""The SimPy twin: an arrival process and an engine process around horizon's Scheduler.
+
+The engine loops ``plan = scheduler.schedule(now)`` -> ``yield env.timeout(cost)`` ->
+``scheduler.update(plan, result, now)``, and sleeps on an event when it has nothing to do (no
+polling); the arrival process wakes it. All policy and block logic is the Scheduler's.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import simpy
+
+from horizon.metrics.records import RunRecords
+from horizon.policies.base import Policy
+from horizon.request import Request
+from horizon.scheduler import Scheduler
+from horizon.scheduler_config import SchedulerConfig
+from simulator.backend import SimBackend
+from simulator.cost_model import CostModel
+
+
+class Simulation:
+    """One simulated run. ``run()`` returns the records; the object is single-use.
+
+    Args:
+        requests: fresh (never scheduled) requests; any order (arrivals are sorted).
+        max_time: stop the run at this simulated time (requests still in flight are recorded
+            as unfinished); None runs until every request is done.
+        check_every: call ``scheduler.check_integrity()`` every this many steps (0: only at end).
+    """
+
+    def __init__(self, requests: Sequence[Request], config: SchedulerConfig, policy: Policy,
+                 cost_model: CostModel, max_time: float | None = None,
+                 check_every: int = 0) -> None:
+        if max_time is not None and not (math.isfinite(max_time) and max_time > 0):
+            raise ValueError(f"max_time must be a finite number > 0, got {max_time!r}")
+        self.requests = sorted(requests, key=lambda r: (r.arrival_time, r.request_id))
+        self.scheduler = Scheduler(config, policy)
+        self.backend = SimBackend(cost_model, event_mode=config.step_mode == "event")
+        self.max_time = max_time
+        self.check_every = check_every
+        self.env = simpy.Environment()
+        self._wake: simpy.Event | None = None
+        self._arrivals_done = False
+        self.stalled = 0  # requests left waiting when nothing could ever run them
+
+    def run(self) -> RunRecords:
+        env = self.env
+        env.process(self._arrivals())
+        engine = env.process(self._engine())
+        if self.max_time is None:
+            env.run(until=engine)
+        else:
+            env.run(until=env.any_of([engine, env.timeout(self.max_time)]))
+        self.scheduler.finish_run()
+        self.scheduler.check_integrity()
+        return self.scheduler.recorder.build()
+
+    def _arrivals(self):  # noqa: ANN202 - a SimPy process
+        env, sched = self.env, self.scheduler
+        for r in self.requests:
+            dt = r.arrival_time - env.now
+            if dt > 0:
+                yield env.timeout(dt)
+            sched.add(r)
+            if self._wake is not None and not self._wake.triggered:
+                self._wake.succeed()
+        self._arrivals_done = True
+        if self._wake is not None and not self._wake.triggered:
+            self._wake.succeed()
+
+    def _engine(self):  # noqa: ANN202 - a SimPy process
+        env, sched, backend = self.env, self.scheduler, self.backend
+        check_every = self.check_every
+        while True:
+            if not sched.has_work:
+                if self._arrivals_done:
+                    return
+                yield from self._sleep()
+                continue
+            plan = sched.schedule(env.now)
+            result = backend.execute(plan)
+            if result.duration > 0:
+                yield env.timeout(result.duration)
+            sched.update(plan, result, env.now)
+            if check_every and plan.step % check_every == 0:
+                sched.check_integrity()
+            if plan.is_empty and not sched.running:  # the policy admits nothing until an arrival
+                if self._arrivals_done:
+                    self.stalled = sched.num_waiting
+                    return
+                yield from self._sleep()
+
+    def _sleep(self):  # noqa: ANN202
+        self._wake = self.env.event()
+        yield self._wake
+        self._wake = None
