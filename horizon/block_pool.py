@@ -112,15 +112,16 @@ class BlockPool:
         ``blocks`` is a request's table in order; it is walked backwards so that, among one
         request's cached blocks, the deepest (least shareable) is evicted first.
         """
-        ref = self._ref
+        ref, hashes, plain, lru = self._ref, self._hash, self._plain, self._lru
         for b in reversed(blocks):
-            assert ref[b] > 0, f"double free of block {b}"
-            ref[b] -= 1
-            if ref[b] == 0:
-                if self._hash[b] is None:
-                    self._plain.append(b)
+            r = ref[b] - 1
+            assert r >= 0, f"double free of block {b}"
+            ref[b] = r
+            if r == 0:
+                if hashes[b] is None:
+                    plain.append(b)
                 else:
-                    self._lru[b] = None
+                    lru[b] = None
 
     def register(self, block: int, block_hash: int) -> bool:
         """Publish a full, used block under its chained hash. False if the hash is taken."""
@@ -131,20 +132,27 @@ class BlockPool:
         self._hash[block] = block_hash
         return True
 
+    def register_many(self, blocks: Sequence[int], hashes: Sequence[int]) -> None:
+        """``register`` for each pair; taken hashes are skipped."""
+        index, block_hash, ref = self._index, self._hash, self._ref
+        for b, h in zip(blocks, hashes):
+            assert ref[b] > 0 and block_hash[b] is None
+            if h not in index:
+                index[h] = b
+                block_hash[b] = h
+
     # -- invariants ----------------------------------------------------------------------------
     def check_integrity(self) -> None:
         """Assert the three-state partition and the index's consistency."""
         plain, lru = set(self._plain), set(self._lru)
         assert len(plain) == len(self._plain), "duplicate in plain free stack"
         assert not (plain & lru), "block both plain-free and cached-free"
-        for b in range(self.num_blocks):
-            r, h = self._ref[b], self._hash[b]
-            assert r >= 0, f"negative ref on block {b}"
-            if r == 0:
-                assert (b in plain) != (b in lru), f"free block {b} not in exactly one free list"
-                assert (h is None) == (b in plain), f"free block {b} hash/list mismatch"
-            else:
-                assert b not in plain and b not in lru, f"used block {b} in a free list"
-            if h is not None:
-                assert self._index.get(h) == b, f"block {b} hash not indexed"
-        assert len(self._index) == sum(h is not None for h in self._hash)
+        ref, hashes = self._ref, self._hash
+        assert min(ref) >= 0, "negative ref count"
+        free = {b for b, r in enumerate(ref) if r == 0}
+        assert free == plain | lru, "free blocks differ from the free lists"
+        hashed = {b for b, h in enumerate(hashes) if h is not None}
+        assert not (plain & hashed), "plain free block carries a hash"
+        assert lru <= hashed, "cached free block without a hash"
+        assert len(self._index) == len(hashed), "index size differs from hashed blocks"
+        assert all(hashes[b] == h for h, b in self._index.items()), "index points to wrong block"

@@ -89,6 +89,16 @@ class KVCacheManager:
             table.extend(got)
         return True
 
+    def append_one_each(self, reqs: Sequence[Request]) -> bool:
+        """One fresh block for each running request in ``reqs``, or change nothing."""
+        got = self.pool.allocate(len(reqs))
+        if got is None:
+            return False
+        tables = self._tables
+        for r, b in zip(reqs, got):
+            tables[r.request_id].append(b)
+        return True
+
     def register_computed(self, req: Request) -> None:
         """Publish ``req``'s prompt blocks that are now fully computed."""
         if not self.enable_prefix_caching or req.prompt_token_ids is None:
@@ -98,10 +108,8 @@ class KVCacheManager:
         start = self._registered.get(rid, 0)
         if done <= start:
             return
-        hs = self._prompt_hashes(req)
-        table = self._tables[rid]
-        for i in range(start, done):
-            self.pool.register(table[i], hs[i])  # a taken hash keeps the older block; fine
+        # a hash already taken keeps the older block (a duplicate prompt computed twice)
+        self.pool.register_many(self._tables[rid][start:done], self._prompt_hashes(req)[start:done])
         self._registered[rid] = done
 
     def free(self, req: Request, keep_hashes: bool = False) -> int:
@@ -124,8 +132,8 @@ class KVCacheManager:
             assert len(set(table)) == len(table), "block twice in one table"
             for b in table:
                 refs[b] = refs.get(b, 0) + 1
-        for b in range(self.pool.num_blocks):
-            assert self.pool.ref_count(b) == refs.get(b, 0), f"block {b}: ref != table count"
+        pool_refs = {b: r for b, r in enumerate(self.pool._ref) if r}
+        assert pool_refs == refs, "block ref counts differ from the tables holding them"
 
 
 class KVView:
@@ -181,6 +189,11 @@ class ReservationLedger:
     def __init__(self) -> None:
         self._reserved: dict[int, int] = {}
         self.outstanding = 0
+
+    @property
+    def active(self) -> bool:
+        """Whether any running request holds a reservation."""
+        return bool(self._reserved)
 
     def add(self, rid: int, blocks: int, held: int) -> None:
         if blocks > 0:

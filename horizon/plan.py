@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from horizon.request import Request
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True, eq=False, slots=True)
 class StepPlan:
     """One engine step, explicit per request.
 
@@ -24,8 +24,10 @@ class StepPlan:
             request's ``num_computed_tokens``. A chunk that ends the prefill emits a token.
         preempted: requests preempted by recompute while making this plan (not in the step).
         rejected: ``(request, reason)`` for requests that can never run.
+        num_prefill_tokens: sum of the chunks' ``n``.
         decode_context_tokens: sum of the decodes' context lengths (KV tokens read).
         prefill_attention_pairs: sum over chunks of query-key pairs attended (causal).
+        prefill_context_tokens: sum over chunks of the KV length at the chunk's end.
         num_running / num_waiting: queue sizes after this plan's admissions.
         kv_used_blocks: blocks in use after this plan's allocations.
         token_budget: the step's token budget.
@@ -37,6 +39,7 @@ class StepPlan:
     prefills: tuple[tuple[Request, int], ...]
     preempted: tuple[Request, ...] = ()
     rejected: tuple[tuple[Request, str], ...] = ()
+    num_prefill_tokens: int = 0
     decode_context_tokens: int = 0
     prefill_attention_pairs: int = 0
     prefill_context_tokens: int = 0
@@ -50,10 +53,6 @@ class StepPlan:
         return len(self.decodes)
 
     @property
-    def num_prefill_tokens(self) -> int:
-        return sum(n for _, n in self.prefills)
-
-    @property
     def num_tokens(self) -> int:
         return self.num_decode_tokens + self.num_prefill_tokens
 
@@ -62,7 +61,7 @@ class StepPlan:
         return not self.decodes and not self.prefills
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True, eq=False, slots=True)
 class StepResult:
     """What a backend returns for a plan.
 

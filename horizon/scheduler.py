@@ -28,6 +28,10 @@ from horizon.recorder import Recorder
 from horizon.request import Request, RequestStatus, StepClock
 from horizon.scheduler_config import SchedulerConfig
 
+def _admit_order(r: Request) -> int:
+    return r.admit_seq
+
+
 REJECT_MAX_MODEL_LEN = "exceeds_max_model_len"
 REJECT_KV_POOL = "exceeds_kv_pool"
 
@@ -61,8 +65,8 @@ class Scheduler:
         self._decoding: dict[int, Request] = {}  # event mode: running, in decode (anchored)
         self._decode_tuple: tuple[Request, ...] | None = ()
         self._ctx_base = 0  # event mode: sum over decoding of (C - clock.step), see plan
-        self._calendar: dict[int, list[Request]] = {}  # step -> decodes needing a block then
-        self._boundary: dict[int, int] = {}  # request id -> its calendar step
+        # event mode: decoding requests by (C - clock.step) % block_size, see _grow_decodes
+        self._residue: list[dict[int, Request]] = [{} for _ in range(config.block_size)]
         self._rejected: list[tuple[Request, str]] = []
         self._last_plan_step = -1
 
@@ -120,6 +124,12 @@ class Scheduler:
             prefills = [(r, n) for r, n in prefills if r.status is RequestStatus.RUNNING]
         decodes = self._decodes()
         rejected, self._rejected = tuple(self._rejected), []
+        chunk_tokens = pairs = context = 0
+        for r, n in prefills:
+            c = r.num_computed_tokens
+            chunk_tokens += n
+            pairs += n * c + n * (n + 1) // 2
+            context += c + n
         return StepPlan(
             step=t,
             time=now,
@@ -127,11 +137,10 @@ class Scheduler:
             prefills=tuple(prefills),
             preempted=tuple(preempted),
             rejected=rejected,
+            num_prefill_tokens=chunk_tokens,
             decode_context_tokens=self._decode_context(decodes, t),
-            prefill_attention_pairs=sum(
-                n * r.num_computed_tokens + n * (n + 1) // 2 for r, n in prefills
-            ),
-            prefill_context_tokens=sum(r.num_computed_tokens + n for r, n in prefills),
+            prefill_attention_pairs=pairs,
+            prefill_context_tokens=context,
             num_running=len(self.running),
             num_waiting=len(self._waiting),
             kv_used_blocks=self.pool.num_used,
@@ -154,24 +163,29 @@ class Scheduler:
         return sum(r.num_computed_tokens for r in decodes)
 
     def _grow_decodes(self, t: int, preempted: list[Request]) -> None:
-        """Give each decode whose next token starts a new block that block."""
-        if self._event:
-            due = self._calendar.pop(t, None)
-            if not due:
-                return
-            boundary = self._boundary
-            due = [r for r in due if boundary.get(r.request_id) == t]
-            due.sort(key=lambda r: r.admit_seq)
-        else:
-            due = [
-                r for r in self.running.values()
-                if r.is_decode and self.kv.num_blocks_needed(r, 1)
-            ]
+        """Give each decode whose next token starts a new block that block, in admission order
+        (the order only matters when the pool runs dry, so event mode sorts only then)."""
+        if not self._event:
+            for r in [r for r in self.running.values()
+                      if r.is_decode and self.kv.num_blocks_needed(r, 1)]:
+                if r.status is RequestStatus.RUNNING:  # else preempted earlier in this loop
+                    self._allocate(r, 1, preempted)
+            return
+        # A decoding request's C grows with the clock, so C % bs == 0 exactly when
+        # (C - clock) % bs == -t % bs: one residue class is due at each step.
+        cls = self._residue[-t % self._bs]
+        if not cls:
+            return
+        due = list(cls.values())
+        if self.kv.append_one_each(due):
+            if self.ledger.active:
+                for r in due:
+                    self.ledger.grew(r.request_id, 1)
+            return
+        due.sort(key=_admit_order)
         for r in due:
-            if r.status is not RequestStatus.RUNNING:
-                continue  # preempted earlier in this loop
-            if self._allocate(r, 1, preempted) and self._event:
-                self._set_boundary(r, t + self._bs)
+            if r.status is RequestStatus.RUNNING:  # else preempted earlier in this loop
+                self._allocate(r, 1, preempted)
 
     def _schedule_prefills(
         self, budget: int, prefills: list[tuple[Request, int]], preempted: list[Request]
@@ -245,23 +259,16 @@ class Scheduler:
     def _remove_running(self, r: Request) -> None:
         rid = r.request_id
         if rid in self._decoding:
-            self._ctx_base -= r.num_computed_tokens - self.clock.step
+            drift = r.num_computed_tokens - self.clock.step
+            self._ctx_base -= drift
             del self._decoding[rid]
-            self._boundary.pop(rid, None)
+            del self._residue[drift % self._bs][rid]
             self._decode_tuple = None
             r.settle()
         del self.running[rid]
         self._prefilling.pop(rid, None)
         self.ledger.drop(rid, len(self.kv.blocks_of(r)))
         self.kv.free(r, keep_hashes=True)
-
-    def _set_boundary(self, r: Request, step: int) -> None:
-        self._boundary[r.request_id] = step
-        bucket = self._calendar.get(step)
-        if bucket is None:
-            self._calendar[step] = [r]
-        else:
-            bucket.append(r)
 
     # -- update ----------------------------------------------------------------------------------
     def update(self, plan: StepPlan, result: StepResult, now: float) -> None:
@@ -300,9 +307,9 @@ class Scheduler:
         r.anchor(self.clock)
         self._decoding[r.request_id] = r
         self._decode_tuple = None
-        c, now_step = r.num_computed_tokens, self.clock.step
-        self._ctx_base += c - now_step
-        self._set_boundary(r, now_step + (-c) % self._bs)
+        drift = r.num_computed_tokens - self.clock.step
+        self._ctx_base += drift
+        self._residue[drift % self._bs][r.request_id] = r
 
     # -- end of run ------------------------------------------------------------------------------
     def finish_run(self) -> None:

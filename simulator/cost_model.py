@@ -10,7 +10,7 @@ A model fitted to the engine's measured steps replaces it later (same interface)
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from horizon.model_shape import ModelShape
@@ -32,10 +32,20 @@ class RooflineCostModel:
     gpu: GpuSpec
     overhead_s: float = 0.0005
     dtype_bytes: int = 2
+    _k: tuple[float, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not self.overhead_s >= 0:
             raise ValueError(f"RooflineCostModel.overhead_s must be >= 0, got {self.overhead_s!r}")
+        s, bw, peak = self.shape, self.gpu.mem_bandwidth, self.gpu.peak_flops
+        head = s.vocab_size * s.hidden_size
+        object.__setattr__(self, "_k", (
+            s.weight_bytes(self.dtype_bytes) / bw,  # seconds to read the weights
+            s.kv_bytes_per_token(self.dtype_bytes) / bw,  # seconds per KV token moved
+            2 * (s.matmul_params - head) / peak,  # seconds of matmul per token
+            2 * head / peak,  # seconds of LM head per sampled token
+            4 * s.num_layers * s.num_heads * s.head_dim / peak,  # seconds per attention pair
+        ))
 
     def step_time(self, plan: StepPlan) -> float:
         return self.time_for(
@@ -50,17 +60,14 @@ class RooflineCostModel:
     def time_for(self, prefill_tokens: int, decodes: int, decode_context: int,
                  prefill_context: int, prefill_pairs: int, num_prefills: int) -> float:
         """Seconds for a step of this shape (see the module docstring)."""
-        s = self.shape
         tokens = prefill_tokens + decodes
         if tokens == 0:
             return 0.0
-        moved = s.weight_bytes(self.dtype_bytes) + s.kv_bytes_per_token(self.dtype_bytes) * (
-            decode_context + prefill_context + decodes
+        weights, kv, per_token, per_sample, per_pair = self._k
+        memory = weights + kv * (decode_context + prefill_context + decodes)
+        compute = (
+            per_token * tokens
+            + per_sample * (decodes + num_prefills)  # logits only where a token is sampled
+            + per_pair * (prefill_pairs + decode_context + decodes)
         )
-        head = s.vocab_size * s.hidden_size
-        flops = (
-            2 * (s.matmul_params - head) * tokens
-            + 2 * head * (decodes + num_prefills)  # logits only where a token is sampled
-            + 4 * s.num_layers * s.num_heads * s.head_dim * (prefill_pairs + decode_context + decodes)
-        )
-        return max(moved / self.gpu.mem_bandwidth, flops / self.gpu.peak_flops) + self.overhead_s
+        return (memory if memory > compute else compute) + self.overhead_s
