@@ -1,1 +1,8 @@
-"""simulator package."""
+"""SimPy twin of the engine: horizon's Scheduler over a modelled step clock."""
+
+from simulator.cost_model import CostModel, RooflineCostModel
+from simulator.cost_models import make_cost_model
+from simulator.gpu import GpuSpec, gpu_spec
+from simulator.simulation import Simulation
+
+__all__ = ["CostModel", "GpuSpec", "RooflineCostModel", "Simulation", "gpu_spec", "make_cost_model"]
