@@ -9,7 +9,8 @@ request ``r`` holding table ``T`` (``bs`` = block size):
 
 Only *prompt* blocks are hashed: generated tokens differ between backends (placeholders in the
 simulator), so sharing stops at the prompt. A prefix hit never covers a request's last token
-(DESIGN.md), so every request computes at least one token and produces logits.
+(DESIGN.md), so every request computes at least one token and produces logits (a recompute
+prefill keeps two, so that its counters still read as a prefill).
 """
 
 from __future__ import annotations
@@ -64,8 +65,10 @@ class KVCacheManager:
         if not self.enable_prefix_caching or req.prompt_token_ids is None:
             return []
         hit = self.pool.match(self._prompt_hashes(req))
-        max_blocks = (req.num_tokens - 1) // self.block_size
-        return hit[:max_blocks]
+        # A recompute (G >= 1) keeps two tokens to compute, else it would look like a decode
+        # that never emitted (see the scheduler's ``_chunk``).
+        keep = 2 if req.num_output_tokens else 1
+        return hit[: (req.num_tokens - keep) // self.block_size]
 
     # -- mutation ------------------------------------------------------------------------------
     def adopt(self, req: Request, blocks: list[int]) -> None:

@@ -13,7 +13,9 @@ reaches ``P + G`` the step emits a token and ``G`` grows by one. Hence:
     decode:                        G >= 1 and C == P + G - 1
 
 After a preemption by recompute, ``C`` drops to 0 (or to a prefix-cache hit) while ``G`` stays,
-so the recompute prefill covers ``P + G`` tokens and ends by emitting the next token.
+so the recompute prefill covers ``P + G`` tokens and ends by emitting the next token. The
+scheduler never leaves a recompute prefill with exactly one token to compute (it would read as
+a decode that has not emitted): its chunks and prefix hits stop two short or reach the end.
 
 Lazy decode counters: the fast scheduler does not touch a decoding request at every step. While
 a request decodes, its counters are *anchored* at a step of the scheduler's ``StepClock``: both

@@ -28,6 +28,16 @@ from horizon.recorder import Recorder
 from horizon.request import Request, RequestStatus, StepClock
 from horizon.scheduler_config import SchedulerConfig
 
+def _chunk(remaining: int, emitted: int, budget: int) -> int:
+    """Tokens of a prefill chunk. A recompute prefill (``emitted > 0``) never stops one token
+    short of its end: that state would be a decode that has not emitted, which the counters
+    cannot tell from a real decode. Costs at most one token of budget, rarely."""
+    n = min(remaining, budget)
+    if emitted and n == remaining - 1:
+        n -= 1
+    return n
+
+
 def _admit_order(r: Request) -> int:
     return r.admit_seq
 
@@ -196,7 +206,9 @@ class Scheduler:
                 break
             if r.status is not RequestStatus.RUNNING:
                 continue  # preempted as a victim in this loop
-            n = min(r.num_tokens_to_compute, budget)
+            n = _chunk(r.num_tokens_to_compute, r.num_output_tokens, budget)
+            if n == 0:
+                continue
             if not self._allocate(r, self.kv.num_blocks_needed(r, n), preempted):
                 break
             prefills.append((r, n))
@@ -213,7 +225,9 @@ class Scheduler:
                 break
             hit = kv.prefix_hit(r)
             cached = len(hit) * bs
-            n = min(r.num_tokens - cached, budget)
+            n = _chunk(r.num_tokens - cached, r.num_output_tokens, budget)
+            if n == 0:
+                break
             need = -(-(cached + n) // bs) - len(hit)
             if need > self.pool.num_free_after_adopting(hit):
                 break
