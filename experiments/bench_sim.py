@@ -1,0 +1,99 @@
+"""Simulator speed benchmark: 10,000 ShareGPT first-turn requests, Poisson arrivals at ~90% of
+the 7B shape's capacity on one H200 (roofline cost model), fcfs, one core.
+
+    python -m experiments.bench_sim [--requests N] [--load 0.9] [--mode event|reference]
+
+Capacity is measured, not assumed: a saturated probe (every request at t=0) gives the
+completed requests per simulated second. The timed part is the simulation itself (scheduler,
+SimPy, records), not loading or tokenising data. Prints a table, then as its LAST line one JSON
+object: requests, simulated_s, wall_s, speedup (= simulated_s / wall_s), requests_per_s
+(= requests / wall_s), plus the setting.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+
+from horizon.model_shape import model_shape
+from horizon.policies import make_policy
+from horizon.scheduler_config import SchedulerConfig
+from horizon.workload import WorkloadConfig, build_workload, load_sharegpt, tokenize_corpus
+from simulator import Simulation, gpu_spec, make_cost_model
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _run(requests, config, policy, cost_model) -> tuple[object, float]:  # noqa: ANN001
+    t0 = time.perf_counter()
+    rec = Simulation(requests, config, make_policy(policy), cost_model).run()
+    return rec, time.perf_counter() - t0
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--requests", type=int, default=10_000)
+    ap.add_argument("--load", type=float, default=0.9, help="fraction of measured capacity")
+    ap.add_argument("--policy", default="fcfs")
+    ap.add_argument("--mode", default="event", choices=["event", "reference"])
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--cache", default=str(REPO / "data" / "cache" / "sharegpt_qwen2.npz"))
+    args = ap.parse_args(argv)
+    if hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})  # one core
+
+    shape, gpu = model_shape("qwen2.5-7b"), gpu_spec("H200")
+    cost_model = make_cost_model("roofline", shape=shape, gpu=gpu)
+    config = SchedulerConfig(
+        num_blocks=shape.kv_blocks(gpu.memory_bytes, 0.9, 16), step_mode=args.mode
+    )
+    tokenized = tokenize_corpus(load_sharegpt(), args.cache)
+
+    def workload(rate: float, n: int):  # noqa: ANN202
+        wc = WorkloadConfig(num_requests=n, rate=rate, seed=args.seed)
+        return build_workload(wc, tokenized)
+
+    probe = workload(1.0, 2000).new_requests()
+    for r in probe:
+        r.arrival_time = 0.0
+    rec, _ = _run(probe, config, args.policy, cost_model)
+    capacity = 2000 / float(rec.step_end[-1])
+    rate = args.load * capacity
+
+    requests = workload(rate, args.requests).new_requests()
+    rec, wall = _run(requests, config, args.policy, cost_model)
+    simulated = float(rec.step_end[-1])
+    out = {
+        "requests": args.requests,
+        "simulated_s": round(simulated, 3),
+        "wall_s": round(wall, 4),
+        "speedup": round(simulated / wall, 1),
+        "requests_per_s": round(args.requests / wall, 1),
+        "steps": int(len(rec.step_end)),
+        "steps_per_s": round(len(rec.step_end) / wall, 1),
+        "tokens": int(rec.num_output_tokens.sum()),
+        "capacity_req_s": round(capacity, 2),
+        "rate_req_s": round(rate, 2),
+        "mean_running": round(float(np.mean(rec.num_running)), 1),
+        "policy": args.policy,
+        "mode": args.mode,
+        "model": shape.name,
+        "gpu": gpu.name,
+        "num_blocks": config.num_blocks,
+    }
+    print(f"{'requests':>10} {'simulated s':>12} {'wall s':>8} {'speedup':>9} {'req/s':>9} "
+          f"{'steps':>7} {'capacity':>9}")
+    print(f"{out['requests']:>10} {out['simulated_s']:>12} {out['wall_s']:>8} "
+          f"{out['speedup']:>9} {out['requests_per_s']:>9} {out['steps']:>7} "
+          f"{out['capacity_req_s']:>9}")
+    print(json.dumps(out))
+    return out
+
+
+if __name__ == "__main__":
+    main()
