@@ -26,7 +26,7 @@ import pyarrow.parquet as pq
 from horizon.metrics.records import RunRecords
 
 FORMAT = "horizon-run-records"
-VERSION = 1
+VERSION = 2
 
 REQUEST_COLUMNS = (
     "request_id",
@@ -42,6 +42,7 @@ REQUEST_COLUMNS = (
     "num_preemptions",
     "computed_tokens",
     "recomputed_tokens",
+    "cached_tokens",
 )
 STEP_COLUMNS = (
     "step_start",

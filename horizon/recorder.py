@@ -25,7 +25,7 @@ from horizon.request import Request
 class _Rec:
     __slots__ = (
         "req", "status", "reason", "admit_time", "computed", "recomputed", "high_water",
-        "runs",
+        "cached", "runs",
     )
 
     def __init__(self, req: Request) -> None:
@@ -36,6 +36,7 @@ class _Rec:
         self.computed = 0
         self.recomputed = 0
         self.high_water = 0  # most tokens ever computed: recompute below this is waste
+        self.cached = 0
         self.runs: list[list[int]] = []
 
 
@@ -57,10 +58,13 @@ class Recorder:
         r = self._recs[req.request_id]
         r.status, r.reason = STATUS_REJECTED, reason
 
-    def admit(self, req: Request, now: float) -> None:
+    def admit(self, req: Request, now: float, cached_tokens: int) -> None:
+        """Admission at ``now`` with ``cached_tokens`` adopted from the prefix cache."""
         r = self._recs[req.request_id]
         if math.isnan(r.admit_time):
             r.admit_time = now
+        r.cached += cached_tokens
+        r.high_water = max(r.high_water, cached_tokens)
 
     def compute(self, req: Request, start: int, n: int) -> None:
         """``n`` tokens computed from position ``start`` (a prefill chunk)."""
@@ -146,6 +150,7 @@ class Recorder:
             num_preemptions=col(lambda r: r.req.num_preemptions, i64),
             computed_tokens=col(lambda r: r.computed, i64),
             recomputed_tokens=col(lambda r: r.recomputed, i64),
+            cached_tokens=col(lambda r: r.cached, i64),
             token_times=token_times,
             token_offsets=np.concatenate(([0], np.cumsum(per_req))).astype(i64),
             step_start=steps[:, 0].copy(),

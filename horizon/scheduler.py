@@ -247,7 +247,7 @@ class Scheduler:
             reserve = self.policy.reserve_tokens(r)
             if reserve:
                 self.ledger.add(r.request_id, -(-reserve // bs), len(kv.blocks_of(r)))
-            self.recorder.admit(r, now)
+            self.recorder.admit(r, now, cached)
             prefills.append((r, n))
             budget -= n
 

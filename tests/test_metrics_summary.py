@@ -20,7 +20,8 @@ KEYS = {
     *(f"{m}_{s}" for m in ("ttft", "itl", "tpot", "e2e") for s in ("mean", "p50", "p90", "p99")),
     "itl_max", "queue_wait_mean", "queue_wait_p99", "queue_wait_max",
     "throughput_tok_s", "throughput_total_tok_s", "throughput_req_s", "output_tokens",
-    "preemptions", "preempted_requests", "recompute_waste", "prefill_chunk_waste",
+    "preemptions", "preempted_requests", "recompute_waste",
+    "prefix_hit_rate", "prefill_chunk_waste",
     "kv_util_mean", "kv_util_max", "fairness_jain",
 }  # fmt: skip
 

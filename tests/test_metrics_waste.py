@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from test_metrics_build import Req, Step, make_records
+from test_metrics_build import Req, Step, make_records, synthetic_records
 
 from horizon.metrics import (
     preempted_requests,
@@ -42,3 +42,12 @@ def test_waste_is_nan_when_undefined():
     assert np.isnan(prefill_chunk_waste(nobody_waits))
     assert np.isnan(recompute_waste(make_records([])))
     assert preemptions(make_records([])) == 0
+
+
+def test_prefix_hit_rate_is_cached_over_cached_plus_prefill_computed():
+    from horizon.metrics import prefix_hit_rate
+
+    rec = synthetic_records(50, 20, seed=3)
+    cached, prefill = rec.cached_tokens.sum(), rec.prefill_tokens.sum()
+    assert prefix_hit_rate(rec) == pytest.approx(cached / (cached + prefill))
+    assert 0 < prefix_hit_rate(rec) < 1

@@ -102,3 +102,15 @@ def test_import_horizon_pulls_no_heavy_dependency():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_multi_turn_prompts_hit_the_prefix_cache_and_disabling_it_costs_compute(sharegpt_head):
+    from horizon.metrics import prefix_hit_rate
+
+    wl = _workload(sharegpt_head, 250, 20.0, seed=4, mode="multi_turn")
+    _, on = _sim(wl.new_requests(), "fcfs", num_blocks=4000)
+    _, off = _sim(wl.new_requests(), "fcfs", num_blocks=4000, enable_prefix_caching=False)
+    assert prefix_hit_rate(on) > 0.3  # later turns re-read their history
+    assert prefix_hit_rate(off) == 0
+    assert on.computed_tokens.sum() < off.computed_tokens.sum()
+    assert np.array_equal(on.num_output_tokens, off.num_output_tokens)

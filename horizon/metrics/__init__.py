@@ -46,6 +46,7 @@ from horizon.metrics.waste import (
     preempted_requests,
     preemptions,
     prefill_chunk_waste,
+    prefix_hit_rate,
     recompute_waste,
 )
 
@@ -78,6 +79,7 @@ __all__ = [
     "preemptions",
     "prefill_chunk_waste",
     "queue_wait",
+    "prefix_hit_rate",
     "recompute_waste",
     "request_throughput",
     "run_span",

@@ -14,6 +14,7 @@ Per request (arrays of length N, ordered by request_id):
     num_preemptions        preemptions by recompute
     computed_tokens        all tokens it computed (prefill chunks + decodes, recompute included)
     recomputed_tokens      of those, tokens computed again after a preemption
+    cached_tokens          prompt tokens served by the prefix cache (summed over admissions)
 
 Token times are a CSR pair: the times of request i's output tokens are
 ``token_times[token_offsets[i]:token_offsets[i + 1]]`` (seconds, non-decreasing).
@@ -51,6 +52,7 @@ class RunRecords:
     num_preemptions: np.ndarray
     computed_tokens: np.ndarray
     recomputed_tokens: np.ndarray
+    cached_tokens: np.ndarray
     token_times: np.ndarray
     token_offsets: np.ndarray
     step_start: np.ndarray

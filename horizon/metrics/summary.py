@@ -36,6 +36,7 @@ from horizon.metrics.waste import (
     preempted_requests,
     preemptions,
     prefill_chunk_waste,
+    prefix_hit_rate,
     recompute_waste,
 )
 
@@ -84,6 +85,7 @@ def summarize(
     goodput_lifetime_rps, goodput_tpot, goodput_tpot_rps, {ttft,itl,tpot,e2e}_{mean,p50,p90,p99},
     itl_max, queue_wait_{mean,p99,max}, throughput_tok_s, throughput_total_tok_s,
     throughput_req_s, output_tokens, preemptions, preempted_requests, recompute_waste,
+    prefix_hit_rate,
     prefill_chunk_waste, kv_util_mean, kv_util_max, fairness_jain.
     """
     n = rec.num_requests
@@ -122,6 +124,7 @@ def summarize(
             "preemptions": preemptions(rec),
             "preempted_requests": preempted_requests(rec),
             "recompute_waste": recompute_waste(rec),
+            "prefix_hit_rate": prefix_hit_rate(rec),
             "prefill_chunk_waste": prefill_chunk_waste(rec),
             "kv_util_mean": kv_utilisation_mean(rec),
             "kv_util_max": kv_utilisation_max(rec),

@@ -31,6 +31,14 @@ def preempted_requests(rec: RunRecords) -> int:
     return int(np.count_nonzero(rec.num_preemptions > 0))
 
 
+def prefix_hit_rate(rec: RunRecords) -> float:
+    """Prefill tokens served by the prefix cache / all prefill tokens needed (cached plus those
+    computed by prefill chunks, recompute included); NaN when no prefill happened."""
+    cached = int(rec.cached_tokens.sum())
+    total = cached + int(rec.prefill_tokens.sum())
+    return float(cached / total) if total > 0 else np.nan
+
+
 def recompute_waste(rec: RunRecords) -> float:
     """Recomputed tokens / computed tokens (NaN when nothing was computed)."""
     computed = int(rec.computed_tokens.sum())
