@@ -7,6 +7,7 @@ polling); the arrival process wakes it. All policy and block logic is the Schedu
 
 from __future__ import annotations
 
+import gc
 import math
 from collections.abc import Sequence
 
@@ -51,7 +52,15 @@ class Simulation:
         env = self.env
         env.process(self._arrivals())
         engine = env.process(self._engine())
-        env.run(until=engine)
+        # The run allocates millions of short-lived objects and no garbage cycles of its own;
+        # the cyclic collector would only rescan the caller's heap (a tokenised corpus, say).
+        was_enabled = gc.isenabled()
+        gc.disable()
+        try:
+            env.run(until=engine)
+        finally:
+            if was_enabled:
+                gc.enable()
         self.scheduler.finish_run()
         self.scheduler.check_integrity()
         return self.scheduler.recorder.build()
