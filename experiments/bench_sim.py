@@ -5,8 +5,9 @@ the 7B shape's capacity on one H200 (roofline cost model), fcfs, one core.
 
 Capacity is measured, not assumed: a saturated probe (every request at t=0) gives the
 completed requests per simulated second. The same run is timed ``--repeat`` times (fresh
-requests each time, identical records) and ``wall_s`` is the median. The timed part is the simulation itself (scheduler,
-SimPy, records), not loading or tokenising data. Prints a table, then as its LAST line one JSON
+requests each time, identical records) and ``wall_s`` is the median. The timed part is the
+simulation itself (scheduler, SimPy, records), not loading or tokenising data. Prints a table,
+then as its LAST line one JSON
 object: requests, simulated_s, wall_s, speedup (= simulated_s / wall_s), requests_per_s
 (= requests / wall_s), plus the setting.
 """
@@ -93,11 +94,15 @@ def main(argv: list[str] | None = None) -> dict:
         "gpu": gpu.name,
         "num_blocks": config.num_blocks,
     }
-    print(f"{'requests':>10} {'simulated s':>12} {'wall s':>8} {'speedup':>9} {'req/s':>9} "
-          f"{'steps':>7} {'capacity':>9}")
-    print(f"{out['requests']:>10} {out['simulated_s']:>12} {out['wall_s']:>8} "
-          f"{out['speedup']:>9} {out['requests_per_s']:>9} {out['steps']:>7} "
-          f"{out['capacity_req_s']:>9}")
+    print(
+        f"{'requests':>10} {'simulated s':>12} {'wall s':>8} {'speedup':>9} {'req/s':>9} "
+        f"{'steps':>7} {'capacity':>9}"
+    )
+    print(
+        f"{out['requests']:>10} {out['simulated_s']:>12} {out['wall_s']:>8} "
+        f"{out['speedup']:>9} {out['requests_per_s']:>9} {out['steps']:>7} "
+        f"{out['capacity_req_s']:>9}"
+    )
     print(json.dumps(out))
     return out
 

@@ -140,13 +140,25 @@ class KVCacheManager:
 
 
 class KVView:
-    """What a policy may read about the KV budget. Nothing here mutates anything."""
+    """What a policy may read about the KV budget and who holds it. Nothing here mutates."""
 
-    __slots__ = ("_kv", "_reserve")
+    __slots__ = ("_kv", "_reserve", "_running")
 
-    def __init__(self, kv: KVCacheManager, reserve: ReservationLedger) -> None:
+    def __init__(
+        self, kv: KVCacheManager, reserve: ReservationLedger, running: dict[int, Request]
+    ) -> None:
         self._kv = kv
         self._reserve = reserve
+        self._running = running
+
+    @property
+    def num_running(self) -> int:
+        return len(self._running)
+
+    @property
+    def running(self) -> tuple[Request, ...]:
+        """Running requests in admission order (a snapshot; O(running) to build)."""
+        return tuple(self._running.values())
 
     @property
     def block_size(self) -> int:
@@ -181,38 +193,49 @@ class KVView:
 
 
 class ReservationLedger:
-    """Blocks promised to running requests by a reserving policy, kept as two running sums.
+    """Blocks promised to running requests by a reserving policy.
 
-    ``outstanding = sum(reserved_i) - sum(held_i)`` over requests with a reservation. A policy
-    that admits only when ``blocks_to_admit <= free - outstanding`` can never run out of blocks.
+    ``outstanding = sum(max(0, reserved_i - held_i))`` over requests with a reservation, kept
+    incrementally. A policy that admits only when ``blocks_to_admit <= free - outstanding`` and
+    whose reservations cover each request's growth never runs out of blocks.
     """
 
-    __slots__ = ("_reserved", "outstanding")
+    __slots__ = ("_entries", "outstanding")
 
     def __init__(self) -> None:
-        self._reserved: dict[int, int] = {}
+        self._entries: dict[int, list[int]] = {}  # request id -> [reserved, held]
         self.outstanding = 0
 
     @property
     def active(self) -> bool:
         """Whether any running request holds a reservation."""
-        return bool(self._reserved)
+        return bool(self._entries)
 
     def add(self, rid: int, blocks: int, held: int) -> None:
         if blocks > 0:
-            self._reserved[rid] = blocks
-            self.outstanding += blocks - held
+            self._entries[rid] = [blocks, held]
+            self.outstanding += max(0, blocks - held)
+
+    def set(self, rid: int, blocks: int, held: int) -> None:
+        """Replace ``rid``'s reservation (a policy refreshed its estimate); 0 removes it."""
+        self.drop(rid)
+        self.add(rid, blocks, held)
 
     def grew(self, rid: int, n: int) -> None:
-        if rid in self._reserved:
-            self.outstanding -= n
+        e = self._entries.get(rid)
+        if e is not None:
+            before = max(0, e[0] - e[1])
+            e[1] += n
+            self.outstanding += max(0, e[0] - e[1]) - before
 
-    def drop(self, rid: int, held: int) -> None:
-        blocks = self._reserved.pop(rid, None)
-        if blocks is not None:
-            self.outstanding -= blocks - held
+    def drop(self, rid: int) -> None:
+        e = self._entries.pop(rid, None)
+        if e is not None:
+            self.outstanding -= max(0, e[0] - e[1])
 
     def check(self, kv: KVCacheManager, running: dict[int, Request]) -> None:
-        want = sum(b - len(kv.blocks_of(running[r])) for r, b in self._reserved.items())
+        assert set(self._entries) <= set(running)
+        for rid, (_, held) in self._entries.items():
+            assert held == len(kv.blocks_of(running[rid])), f"ledger held mismatch for {rid}"
+        want = sum(max(0, b - h) for b, h in self._entries.values())
         assert want == self.outstanding, f"reservation ledger {self.outstanding} != {want}"
-        assert set(self._reserved) <= set(running)

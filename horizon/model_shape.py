@@ -25,8 +25,16 @@ class ModelShape:
     rms_norm_eps: float = 1e-6
 
     def __post_init__(self) -> None:
-        for f in ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "head_dim",
-                  "intermediate_size", "vocab_size", "max_position_embeddings"):
+        for f in (
+            "num_layers",
+            "hidden_size",
+            "num_heads",
+            "num_kv_heads",
+            "head_dim",
+            "intermediate_size",
+            "vocab_size",
+            "max_position_embeddings",
+        ):
             v = getattr(self, f)
             if not isinstance(v, int) or v < 1:
                 raise ValueError(f"ModelShape.{f} must be an int >= 1, got {v!r}")
@@ -61,8 +69,9 @@ class ModelShape:
     def kv_bytes_per_token(self, dtype_bytes: int = 2) -> int:
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * dtype_bytes
 
-    def kv_blocks(self, memory_bytes: float, utilization: float, block_size: int,
-                  dtype_bytes: int = 2) -> int:
+    def kv_blocks(
+        self, memory_bytes: float, utilization: float, block_size: int, dtype_bytes: int = 2
+    ) -> int:
         """KV blocks that fit in ``utilization`` of ``memory_bytes`` after the weights."""
         if not 0 < utilization <= 1:
             raise ValueError(f"utilization must be in (0, 1], got {utilization!r}")
@@ -71,7 +80,8 @@ class ModelShape:
         if blocks < 1:
             raise ValueError(
                 f"{self.name}: no room for KV blocks in {memory_bytes / 2**30:.1f} GiB at "
-                f"utilization {utilization} (weights take {self.weight_bytes(dtype_bytes) / 2**30:.1f} GiB)"
+                f"utilization {utilization} (weights take "
+                f"{self.weight_bytes(dtype_bytes) / 2**30:.1f} GiB)"
             )
         return blocks
 
@@ -100,12 +110,36 @@ class ModelShape:
 
 
 _PRESETS = {
-    "qwen2.5-0.5b": ModelShape("qwen2.5-0.5b", 24, 896, 14, 2, 64, 4864, 151936, 32768,
-                               tie_word_embeddings=True, qkv_bias=True, rope_theta=1e6),
-    "qwen2.5-7b": ModelShape("qwen2.5-7b", 28, 3584, 28, 4, 128, 18944, 152064, 32768,
-                             qkv_bias=True, rope_theta=1e6),
-    "llama-3-8b": ModelShape("llama-3-8b", 32, 4096, 32, 8, 128, 14336, 128256, 8192,
-                             rope_theta=500000.0, rms_norm_eps=1e-5),
+    "qwen2.5-0.5b": ModelShape(
+        "qwen2.5-0.5b",
+        24,
+        896,
+        14,
+        2,
+        64,
+        4864,
+        151936,
+        32768,
+        tie_word_embeddings=True,
+        qkv_bias=True,
+        rope_theta=1e6,
+    ),
+    "qwen2.5-7b": ModelShape(
+        "qwen2.5-7b", 28, 3584, 28, 4, 128, 18944, 152064, 32768, qkv_bias=True, rope_theta=1e6
+    ),
+    "llama-3-8b": ModelShape(
+        "llama-3-8b",
+        32,
+        4096,
+        32,
+        8,
+        128,
+        14336,
+        128256,
+        8192,
+        rope_theta=500000.0,
+        rms_norm_eps=1e-5,
+    ),
 }
 
 

@@ -24,8 +24,15 @@ from horizon.request import Request
 
 class _Rec:
     __slots__ = (
-        "req", "status", "reason", "admit_time", "computed", "recomputed", "high_water",
-        "cached", "runs",
+        "req",
+        "status",
+        "reason",
+        "admit_time",
+        "computed",
+        "recomputed",
+        "high_water",
+        "cached",
+        "runs",
     )
 
     def __init__(self, req: Request) -> None:
@@ -105,8 +112,17 @@ class Recorder:
     def finish(self, req: Request) -> None:
         self._recs[req.request_id].status = STATUS_FINISHED
 
-    def step(self, start: float, end: float, prefill: int, decode: int, running: int,
-             waiting: int, kv_used: int, budget: int) -> None:
+    def step(
+        self,
+        start: float,
+        end: float,
+        prefill: int,
+        decode: int,
+        running: int,
+        waiting: int,
+        kv_used: int,
+        budget: int,
+    ) -> None:
         self._steps.append((start, end, prefill, decode, running, waiting, kv_used, budget))
 
     # -- output --------------------------------------------------------------------------------

@@ -114,18 +114,27 @@ class Request:
         turn_index: int = 0,
     ) -> None:
         if not isinstance(arrival_time, (int, float)) or not math.isfinite(arrival_time):
-            raise ValueError(f"request {request_id}: arrival_time must be finite, got {arrival_time!r}")
+            raise ValueError(
+                f"request {request_id}: arrival_time must be finite, got {arrival_time!r}"
+            )
         if arrival_time < 0:
-            raise ValueError(f"request {request_id}: arrival_time must be >= 0, got {arrival_time!r}")
+            raise ValueError(
+                f"request {request_id}: arrival_time must be >= 0, got {arrival_time!r}"
+            )
         if not isinstance(num_prompt_tokens, int) or num_prompt_tokens < 1:
             raise ValueError(
-                f"request {request_id}: num_prompt_tokens must be an int >= 1, got {num_prompt_tokens!r}"
+                f"request {request_id}: num_prompt_tokens must be an int >= 1, "
+                f"got {num_prompt_tokens!r}"
             )
         if not isinstance(max_output_tokens, int) or max_output_tokens < 1:
             raise ValueError(
-                f"request {request_id}: max_output_tokens must be an int >= 1, got {max_output_tokens!r}"
+                f"request {request_id}: max_output_tokens must be an int >= 1, "
+                f"got {max_output_tokens!r}"
             )
-        if not isinstance(true_output_tokens, int) or not 1 <= true_output_tokens <= max_output_tokens:
+        if (
+            not isinstance(true_output_tokens, int)
+            or not 1 <= true_output_tokens <= max_output_tokens
+        ):
             raise ValueError(
                 f"request {request_id}: true_output_tokens must be an int in 1..max_output_tokens "
                 f"({max_output_tokens}), got {true_output_tokens!r}"

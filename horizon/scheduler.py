@@ -28,6 +28,7 @@ from horizon.recorder import Recorder
 from horizon.request import Request, RequestStatus, StepClock
 from horizon.scheduler_config import SchedulerConfig
 
+
 def _chunk(remaining: int, emitted: int, budget: int) -> int:
     """Tokens of a prefill chunk. A recompute prefill (``emitted > 0``) never stops one token
     short of its end: that state would be a decode that has not emitted, which the counters
@@ -62,7 +63,8 @@ class Scheduler:
         self.pool = BlockPool(config.num_blocks, config.block_size)
         self.kv = KVCacheManager(self.pool, config.enable_prefix_caching)
         self.ledger = ReservationLedger()
-        self.view = KVView(self.kv, self.ledger)
+        self.running: dict[int, Request] = {}  # admission order
+        self.view = KVView(self.kv, self.ledger, self.running)
         self.recorder = recorder or Recorder(config.num_blocks, config.block_size)
         self.clock = StepClock()
         self._event = config.step_mode == "event"
@@ -70,7 +72,6 @@ class Scheduler:
         self._waiting: list[tuple[object, int, Request]] = []  # heap of (key, seq, request)
         self._seq = 0
         self._admit_seq = 0
-        self.running: dict[int, Request] = {}  # admission order
         self._prefilling: dict[int, Request] = {}  # running, in prefill (admission order)
         self._decoding: dict[int, Request] = {}  # event mode: running, in decode (anchored)
         self._decode_tuple: tuple[Request, ...] | None = ()
@@ -79,6 +80,7 @@ class Scheduler:
         self._residue: list[dict[int, Request]] = [{} for _ in range(config.block_size)]
         self._rejected: list[tuple[Request, str]] = []
         self._last_plan_step = -1
+        self._now = 0.0
 
     # -- arrivals --------------------------------------------------------------------------------
     def add(self, req: Request) -> None:
@@ -92,7 +94,7 @@ class Scheduler:
             self.recorder.reject(req, reason)
             self._rejected.append((req, reason))
             return
-        self._enqueue(req)
+        self._enqueue(req, req.arrival_time)
 
     def _never_fits(self, req: Request) -> str:
         cfg = self.config
@@ -103,9 +105,9 @@ class Scheduler:
             return REJECT_KV_POOL
         return ""
 
-    def _enqueue(self, req: Request) -> None:
+    def _enqueue(self, req: Request, now: float) -> None:
         req.status = RequestStatus.WAITING
-        heapq.heappush(self._waiting, (self.policy.waiting_key(req), self._seq, req))
+        heapq.heappush(self._waiting, (self.policy.waiting_key(req, now), self._seq, req))
         self._seq += 1
 
     @property
@@ -122,7 +124,11 @@ class Scheduler:
         t = self.clock.step
         assert self._last_plan_step < t, "update() was not called for the previous plan"
         self._last_plan_step = t
+        self._now = now
         preempted: list[Request] = []
+        every = self.policy.refresh_every
+        if every and t % every == 0 and self.running:
+            self._refresh(now)
         self._grow_decodes(t, preempted)
         budget = self.config.max_num_batched_tokens - (
             len(self._decoding) if self._event else self._count_decodes()
@@ -159,6 +165,18 @@ class Scheduler:
             token_budget=self.config.max_num_batched_tokens,
         )
 
+    def _refresh(self, now: float) -> None:
+        """Let the policy revise its estimates, then re-read running requests' reservations."""
+        running = tuple(self.running.values())
+        self.policy.refresh(running, now)
+        bs, kv, ledger, reserve = self._bs, self.kv, self.ledger, self.policy.reserve_tokens
+        for r in running:
+            ledger.set(r.request_id, -(-reserve(r) // bs), len(kv.blocks_of(r)))
+        if self.policy.dynamic_order and self._waiting:
+            key = self.policy.waiting_key
+            self._waiting = [(key(r, now), seq, r) for _, seq, r in self._waiting]
+            heapq.heapify(self._waiting)
+
     def _count_decodes(self) -> int:
         return sum(1 for r in self.running.values() if r.is_decode)
 
@@ -178,8 +196,9 @@ class Scheduler:
         """Give each decode whose next token starts a new block that block, in admission order
         (the order only matters when the pool runs dry, so event mode sorts only then)."""
         if not self._event:
-            for r in [r for r in self.running.values()
-                      if r.is_decode and self.kv.num_blocks_needed(r, 1)]:
+            for r in [
+                r for r in self.running.values() if r.is_decode and self.kv.num_blocks_needed(r, 1)
+            ]:
                 if r.status is RequestStatus.RUNNING:  # else preempted earlier in this loop
                     self._allocate(r, 1, preempted)
             return
@@ -255,7 +274,7 @@ class Scheduler:
         """Give ``r`` ``k`` more blocks, preempting policy-chosen victims until it fits.
         False if ``r`` itself was chosen (it is then back in the waiting queue)."""
         while not self.kv.allocate(r, k):
-            victim = self.policy.choose_victim(tuple(self.running.values()), r)
+            victim = self.policy.choose_victim(tuple(self.running.values()), r, self._now)
             self._preempt(victim, preempted)
             if victim is r:
                 return False
@@ -269,7 +288,7 @@ class Scheduler:
             self.recorder.close_run(r, self.clock.step - 1)
         self._remove_running(r)
         r.reset_for_recompute(0)
-        self._enqueue(r)
+        self._enqueue(r, self._now)
         preempted.append(r)
 
     def _remove_running(self, r: Request) -> None:
@@ -283,7 +302,7 @@ class Scheduler:
             r.settle()
         del self.running[rid]
         self._prefilling.pop(rid, None)
-        self.ledger.drop(rid, len(self.kv.blocks_of(r)))
+        self.ledger.drop(rid)
         self.kv.free(r, keep_hashes=True)
 
     # -- update ----------------------------------------------------------------------------------
@@ -315,8 +334,16 @@ class Scheduler:
             assert r.num_output_tokens <= r.max_output_tokens
             r.status = RequestStatus.FINISHED
             rec.finish(r)
-        rec.step(plan.time, now, plan.num_prefill_tokens, len(plan.decodes), len(self.running),
-                 len(self._waiting), self.pool.num_used, plan.token_budget)
+        rec.step(
+            plan.time,
+            now,
+            plan.num_prefill_tokens,
+            len(plan.decodes),
+            len(self.running),
+            len(self._waiting),
+            self.pool.num_used,
+            plan.token_budget,
+        )
 
     def _enter_decode(self, r: Request) -> None:
         """Event mode: anchor a request that just finished its prefill."""

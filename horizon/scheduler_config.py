@@ -28,8 +28,13 @@ class SchedulerConfig:
     step_mode: str = "event"
 
     def __post_init__(self) -> None:
-        for name in ("num_blocks", "block_size", "max_num_batched_tokens", "max_num_seqs",
-                     "max_model_len"):
+        for name in (
+            "num_blocks",
+            "block_size",
+            "max_num_batched_tokens",
+            "max_num_seqs",
+            "max_model_len",
+        ):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ValueError(f"SchedulerConfig.{name} must be an int >= 1, got {v!r}")

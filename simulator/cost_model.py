@@ -39,13 +39,17 @@ class RooflineCostModel:
             raise ValueError(f"RooflineCostModel.overhead_s must be >= 0, got {self.overhead_s!r}")
         s, bw, peak = self.shape, self.gpu.mem_bandwidth, self.gpu.peak_flops
         head = s.vocab_size * s.hidden_size
-        object.__setattr__(self, "_k", (
-            s.weight_bytes(self.dtype_bytes) / bw,  # seconds to read the weights
-            s.kv_bytes_per_token(self.dtype_bytes) / bw,  # seconds per KV token moved
-            2 * (s.matmul_params - head) / peak,  # seconds of matmul per token
-            2 * head / peak,  # seconds of LM head per sampled token
-            4 * s.num_layers * s.num_heads * s.head_dim / peak,  # seconds per attention pair
-        ))
+        object.__setattr__(
+            self,
+            "_k",
+            (
+                s.weight_bytes(self.dtype_bytes) / bw,  # seconds to read the weights
+                s.kv_bytes_per_token(self.dtype_bytes) / bw,  # seconds per KV token moved
+                2 * (s.matmul_params - head) / peak,  # seconds of matmul per token
+                2 * head / peak,  # seconds of LM head per sampled token
+                4 * s.num_layers * s.num_heads * s.head_dim / peak,  # seconds per attention pair
+            ),
+        )
 
     def step_time(self, plan: StepPlan) -> float:
         return self.time_for(
@@ -57,8 +61,15 @@ class RooflineCostModel:
             len(plan.prefills),
         )
 
-    def time_for(self, prefill_tokens: int, decodes: int, decode_context: int,
-                 prefill_context: int, prefill_pairs: int, num_prefills: int) -> float:
+    def time_for(
+        self,
+        prefill_tokens: int,
+        decodes: int,
+        decode_context: int,
+        prefill_context: int,
+        prefill_pairs: int,
+        num_prefills: int,
+    ) -> float:
         """Seconds for a step of this shape (see the module docstring)."""
         tokens = prefill_tokens + decodes
         if tokens == 0:

@@ -16,5 +16,6 @@ COST_MODELS = _builtin()  # read-only after import: a table of constructors, no 
 
 
 def make_cost_model(name: str, **options: object) -> CostModel:
-    """E.g. ``make_cost_model("roofline", shape=model_shape("qwen2.5-7b"), gpu=gpu_spec("H200"))``."""
+    """Build a cost model by name, e.g.
+    ``make_cost_model("roofline", shape=model_shape("qwen2.5-7b"), gpu=gpu_spec("H200"))``."""
     return COST_MODELS.make(name, **options)

@@ -33,9 +33,15 @@ class Simulation:
         check_every: call ``scheduler.check_integrity()`` every this many steps (0: only at end).
     """
 
-    def __init__(self, requests: Sequence[Request], config: SchedulerConfig, policy: Policy,
-                 cost_model: CostModel, max_time: float | None = None,
-                 check_every: int = 0) -> None:
+    def __init__(
+        self,
+        requests: Sequence[Request],
+        config: SchedulerConfig,
+        policy: Policy,
+        cost_model: CostModel,
+        max_time: float | None = None,
+        check_every: int = 0,
+    ) -> None:
         if max_time is not None and not (math.isfinite(max_time) and max_time > 0):
             raise ValueError(f"max_time must be a finite number > 0, got {max_time!r}")
         self.requests = sorted(requests, key=lambda r: (r.arrival_time, r.request_id))

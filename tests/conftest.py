@@ -7,7 +7,9 @@ import pytest
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
-        "--long", action="store_true", default=False,
+        "--long",
+        action="store_true",
+        default=False,
         help="run the property tests at >= 10^6 operations",
     )
 

@@ -7,11 +7,33 @@ from dataclasses import dataclass
 
 from horizon.metrics.records import RunRecords
 from horizon.plan import StepPlan
-from horizon.policies import make_policy
+from horizon.policies import Policy, make_policy
+from horizon.prediction import LengthDistribution
 from horizon.request import Request
 from horizon.scheduler import Scheduler
 from horizon.scheduler_config import SchedulerConfig
 from simulator.backend import SimBackend
+
+
+class ExactOracle:
+    """A point-mass predictor of the true length (reads it: an oracle, for tests)."""
+
+    name = "test_oracle"
+    reads_true_length = True
+
+    def predict(self, r: Request) -> LengthDistribution:
+        t = float(r.true_output_tokens)
+        return LengthDistribution((0.5,), (t,), 1.0, t)
+
+    def update(self, r: Request, tokens_so_far: int) -> LengthDistribution:
+        return self.predict(r).remaining(tokens_so_far)
+
+
+def policy_for_test(name: str) -> Policy:
+    """Any registered policy; ``horizon`` gets the exact oracle (no trained model needed)."""
+    if name == "horizon":
+        return make_policy(name, predictor=ExactOracle(), refresh_every=4, ttft_slo=0.5)
+    return make_policy(name)
 
 
 @dataclass(frozen=True)
@@ -22,8 +44,9 @@ class ConstantCost:
         return self.seconds if not plan.is_empty else 0.0
 
 
-def random_requests(rng: random.Random, n: int, max_prompt: int, max_output: int,
-                    rate: float = 50.0) -> list[Request]:
+def random_requests(
+    rng: random.Random, n: int, max_prompt: int, max_output: int, rate: float = 50.0
+) -> list[Request]:
     """Requests whose prompts share prefixes drawn from a few families (prefix caching)."""
     families = [[rng.randrange(1000) for _ in range(max_prompt)] for _ in range(3)]
     t, out = 0.0, []
@@ -38,11 +61,12 @@ def random_requests(rng: random.Random, n: int, max_prompt: int, max_output: int
     return out
 
 
-def drive(requests: list[Request], config: SchedulerConfig, policy: str,
-          check: bool = True) -> tuple[Scheduler, RunRecords, int]:
+def drive(
+    requests: list[Request], config: SchedulerConfig, policy: str, check: bool = True
+) -> tuple[Scheduler, RunRecords, int]:
     """Run to completion; returns the scheduler, its records and the number of operations
     (adds + steps), calling check_integrity() after each if ``check``."""
-    sched = Scheduler(config, make_policy(policy))
+    sched = Scheduler(config, policy_for_test(policy))
     backend = SimBackend(ConstantCost(), event_mode=config.step_mode == "event")
     pending = sorted(requests, key=lambda r: r.arrival_time)
     now, i, ops = 0.0, 0, 0

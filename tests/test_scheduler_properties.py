@@ -36,13 +36,25 @@ def test_random_workloads_keep_every_invariant_and_both_modes_agree(scale):
         digests = []
         for mode in ("event", "reference"):
             cfg = SchedulerConfig(
-                num_blocks=num_blocks, block_size=block_size, max_num_seqs=max_seqs,
-                max_num_batched_tokens=max_seqs + extra_budget, max_model_len=10_000,
-                enable_prefix_caching=prefix, step_mode=mode,
+                num_blocks=num_blocks,
+                block_size=block_size,
+                max_num_seqs=max_seqs,
+                max_num_batched_tokens=max_seqs + extra_budget,
+                max_model_len=10_000,
+                enable_prefix_caching=prefix,
+                step_mode=mode,
             )
-            fresh = [r.__class__(r.request_id, r.arrival_time, r.num_prompt_tokens,
-                                 r.max_output_tokens, r.true_output_tokens,
-                                 prompt_token_ids=r.prompt_token_ids) for r in reqs]
+            fresh = [
+                r.__class__(
+                    r.request_id,
+                    r.arrival_time,
+                    r.num_prompt_tokens,
+                    r.max_output_tokens,
+                    r.true_output_tokens,
+                    prompt_token_ids=r.prompt_token_ids,
+                )
+                for r in reqs
+            ]
             sched, rec, ops = drive(fresh, cfg, policy)
             total += ops
             rec.check()

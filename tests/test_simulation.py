@@ -7,6 +7,7 @@ import sys
 
 import numpy as np
 import pytest
+from sched_driver import policy_for_test
 
 from horizon.model_shape import model_shape
 from horizon.policies import make_policy, policy_names
@@ -25,15 +26,18 @@ def _workload(tokenized, n, rate, seed, mode="first_turn"):
 
 def _sim(requests, policy, mode="event", num_blocks=800, **kw):
     cfg = SchedulerConfig(num_blocks=num_blocks, step_mode=mode, **kw)
-    sim = Simulation(requests, cfg, make_policy(policy), COST, check_every=97)
+    sim = Simulation(requests, cfg, policy_for_test(policy), COST, check_every=97)
     return sim, sim.run()
 
 
 @pytest.mark.parametrize("policy", policy_names())
-@pytest.mark.parametrize("rate,seed,wl_mode", [(20.0, 1, "first_turn"), (200.0, 2, "first_turn"),
-                                               (60.0, 3, "multi_turn")])
-def test_event_mode_records_equal_reference_mode_byte_for_byte(sharegpt_head, policy, rate,
-                                                                seed, wl_mode):
+@pytest.mark.parametrize(
+    "rate,seed,wl_mode",
+    [(20.0, 1, "first_turn"), (200.0, 2, "first_turn"), (60.0, 3, "multi_turn")],
+)
+def test_event_mode_records_equal_reference_mode_byte_for_byte(
+    sharegpt_head, policy, rate, seed, wl_mode
+):
     wl = _workload(sharegpt_head, 250, rate, seed, wl_mode)
     _, fast = _sim(wl.new_requests(), policy, "event")
     _, ref = _sim(wl.new_requests(), policy, "reference")

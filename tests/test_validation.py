@@ -29,15 +29,21 @@ from simulator import Simulation, gpu_spec, make_cost_model
     ],
 )
 def test_bad_request_fields_are_named(kwargs, field):
-    base = dict(request_id=3, arrival_time=0.0, num_prompt_tokens=4, max_output_tokens=8,
-                true_output_tokens=5)
+    base = dict(
+        request_id=3,
+        arrival_time=0.0,
+        num_prompt_tokens=4,
+        max_output_tokens=8,
+        true_output_tokens=5,
+    )
     base.update(kwargs)
     with pytest.raises(ValueError, match=field):
         Request(**base)
 
 
-@pytest.mark.parametrize("ttft,itl,field", [(0, 1, "ttft"), (1, -1, "itl"), (math.nan, 1, "ttft"),
-                                            (1, math.inf, "itl")])
+@pytest.mark.parametrize(
+    "ttft,itl,field", [(0, 1, "ttft"), (1, -1, "itl"), (math.nan, 1, "ttft"), (1, math.inf, "itl")]
+)
 def test_impossible_slo_values_are_named(ttft, itl, field):
     with pytest.raises(ValueError, match=f"SLO.{field}"):
         SLO(ttft, itl)
@@ -81,8 +87,9 @@ def test_model_config_missing_field_is_named():
 
 
 def test_requests_that_can_never_run_are_rejected_counted_and_reported():
-    cfg = SchedulerConfig(num_blocks=8, block_size=4, max_model_len=40, max_num_seqs=4,
-                          max_num_batched_tokens=16)
+    cfg = SchedulerConfig(
+        num_blocks=8, block_size=4, max_model_len=40, max_num_seqs=4, max_num_batched_tokens=16
+    )
     reqs = [
         Request(0, 0.0, 10, 8, 5),  # fits
         Request(1, 0.0, 30, 20, 5),  # prompt + max output > max_model_len
@@ -115,5 +122,6 @@ def test_a_request_object_is_single_use():
 
 def test_bad_max_time_is_named():
     with pytest.raises(ValueError, match="max_time"):
-        Simulation([], SchedulerConfig(num_blocks=4), make_policy("fcfs"), ConstantCost(),
-                   max_time=-1.0)
+        Simulation(
+            [], SchedulerConfig(num_blocks=4), make_policy("fcfs"), ConstantCost(), max_time=-1.0
+        )

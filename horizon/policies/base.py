@@ -3,15 +3,22 @@
 The scheduler owns the mechanics (token budget, chunked prefill, block allocation, preemption by
 recompute, rejection). It asks the policy four questions:
 
-* ``waiting_key(req)``: the waiting queue's order (smallest first). Computed once when the
-  request enters the queue, so it must not depend on ``now``. Linear aging fits: ordering by
-  ``size - rate * (now - arrival)`` is ordering by ``size + rate * arrival``.
+* ``waiting_key(req, now)``: the waiting queue's order (smallest first), computed when the
+  request enters the queue. Linear aging needs no ``now``: ordering by
+  ``size - rate * (now - arrival)`` is ordering by ``size + rate * arrival``. A policy whose
+  order does depend on ``now`` sets ``dynamic_order``; the queue is then re-keyed at every
+  refresh (see below).
 * ``admit(req, view)``: may the head of the queue start now? (budget and block checks are the
   scheduler's; this is the policy's extra gate). Returning False stops admission this step.
 * ``reserve_tokens(req)``: tokens whose blocks stay promised to ``req`` while it runs (0: none).
   The scheduler keeps the ledger; ``view.num_reserved_blocks`` reads it.
-* ``choose_victim(running, needing)``: the request to preempt when ``needing`` lacks a block.
-  May return ``needing`` itself (it then waits). ``running`` is in admission order.
+* ``choose_victim(running, needing, now)``: the request to preempt when ``needing`` lacks a
+  block. May return ``needing`` itself (it then waits). ``running`` is in admission order.
+
+A policy whose estimates change while requests run (online predictions) sets ``refresh_every``
+to a number of steps: every that many steps the scheduler calls ``refresh(running, now)``, then
+re-reads ``reserve_tokens`` for each running request and, with ``dynamic_order``, re-keys the
+waiting queue. ``None`` (default): never.
 """
 
 from __future__ import annotations
@@ -28,8 +35,10 @@ class Policy:
 
     name = "base"
     reads_true_length = False  # only oracle policies may set this
+    refresh_every: int | None = None
+    dynamic_order = False
 
-    def waiting_key(self, req: Request) -> Any:
+    def waiting_key(self, req: Request, now: float) -> Any:
         return (req.arrival_time, req.request_id)
 
     def admit(self, req: Request, view: KVView) -> bool:
@@ -38,6 +47,9 @@ class Policy:
     def reserve_tokens(self, req: Request) -> int:
         return 0
 
-    def choose_victim(self, running: Sequence[Request], needing: Request) -> Request:
+    def refresh(self, running: Sequence[Request], now: float) -> None:
+        """Update per-request estimates of running requests (see ``refresh_every``)."""
+
+    def choose_victim(self, running: Sequence[Request], needing: Request, now: float) -> Request:
         """Lowest priority = largest waiting key, later admission breaking ties."""
-        return max(running, key=lambda r: (self.waiting_key(r), r.admit_seq))
+        return max(running, key=lambda r: (self.waiting_key(r, now), r.admit_seq))

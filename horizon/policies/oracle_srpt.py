@@ -17,8 +17,8 @@ class OracleSRPT(Policy):
     name = "oracle_srpt"
     reads_true_length = True
 
-    def waiting_key(self, req: Request) -> Any:
+    def waiting_key(self, req: Request, now: float) -> Any:
         return (req.remaining_true_output, req.arrival_time, req.request_id)
 
-    def choose_victim(self, running: Sequence[Request], needing: Request) -> Request:
+    def choose_victim(self, running: Sequence[Request], needing: Request, now: float) -> Request:
         return max(running, key=lambda r: (r.remaining_true_output, r.admit_seq))

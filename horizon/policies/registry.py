@@ -6,6 +6,7 @@ from typing import Any
 
 from horizon.policies.base import Policy
 from horizon.policies.fcfs import FCFS
+from horizon.policies.horizon import HorizonPolicy
 from horizon.policies.memory_first import MemoryFirst
 from horizon.policies.oracle_srpt import OracleSRPT
 from horizon.policies.sjf_prompt import SJFPrompt
@@ -14,7 +15,7 @@ from horizon.registry import Registry
 
 def _builtin() -> Registry[Policy]:
     reg: Registry[Policy] = Registry("policy")
-    for cls in (FCFS, MemoryFirst, SJFPrompt, OracleSRPT):
+    for cls in (FCFS, MemoryFirst, SJFPrompt, OracleSRPT, HorizonPolicy):
         reg.register(cls.name, cls)
     return reg
 

@@ -24,5 +24,5 @@ class SJFPrompt(Policy):
             )
         self.aging_tokens_per_s = aging_tokens_per_s
 
-    def waiting_key(self, req: Request) -> Any:
+    def waiting_key(self, req: Request, now: float) -> Any:
         return (req.num_prompt_tokens + self.aging_tokens_per_s * req.arrival_time, req.request_id)

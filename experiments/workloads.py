@@ -1,0 +1,81 @@
+"""Inputs loaded once per process, and the workload of one (rate, seed).
+
+``DataSources`` owns what is expensive to load (the tokenized ShareGPT corpus, Azure traces) and
+loads each on first use; one instance serves every run of a sweep. ``make_workload`` builds the
+requests of one run config. For trace arrivals, ``rate`` is honoured by replaying the trace
+``rate / native`` times as fast, where ``native`` is the mean rate of the arrival times the
+workload uses at scale 1 (the window of the trace it replays, not the whole file).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from experiments.config import DataConfig, RunConfig
+from horizon.workload import (
+    AzureTrace,
+    TokenizedCorpus,
+    Workload,
+    build_workload,
+    load_azure_trace,
+    load_sharegpt,
+    tokenize_corpus,
+)
+
+
+class DataSources:
+    """The inputs of one ``DataConfig``, loaded lazily and kept for the instance's lifetime."""
+
+    def __init__(self, data: DataConfig) -> None:
+        self.data = data
+        self._tokenized: TokenizedCorpus | None = None
+        self._traces: dict[str, AzureTrace] = {}
+
+    def tokenized(self) -> TokenizedCorpus:
+        """The ShareGPT corpus's tokens, from ``data.token_cache`` (tokenised on first use)."""
+        if self._tokenized is None:
+            corpus = load_sharegpt(self.data.sharegpt_path)
+            self._tokenized = tokenize_corpus(corpus, self.data.token_cache, self.data.tokenizer)
+        return self._tokenized
+
+    def trace(self, path: str) -> AzureTrace:
+        if path not in self._traces:
+            self._traces[path] = load_azure_trace(path)
+        return self._traces[path]
+
+
+def make_workload(cfg: RunConfig, sources: DataSources) -> Workload:
+    """The requests of ``cfg`` (its workload recipe at ``cfg.rate``, ``cfg.seed``).
+
+    ``stats`` gains ``rate`` (asked), ``arrival_rate`` (realised: (n - 1) / span) and, for trace
+    arrivals, ``trace_native_rate`` and ``trace_rate_scale``.
+    """
+    spec = cfg.workload
+    wc = spec.workload_config(
+        rate=cfg.rate,
+        seed=cfg.seed,
+        num_requests=cfg.num_requests,
+        sharegpt_path=cfg.data.sharegpt_path,
+        slo=cfg.slo.slo,
+    )
+    tokenized = sources.tokenized() if wc.source == "sharegpt" else None
+    trace = sources.trace(wc.trace_path) if wc.trace_path is not None else None
+    workload = build_workload(wc, tokenized, trace)
+    extra: dict = {"rate": cfg.rate}
+    if wc.arrival == "trace":
+        native = _arrival_rate(workload)
+        if not native > 0:
+            raise ValueError(
+                f"workload {spec.name!r} replays a trace: num_requests must be >= 2 to have a "
+                f"rate to scale, got {cfg.num_requests}"
+            )
+        workload = build_workload(replace(wc, trace_rate_scale=cfg.rate / native), tokenized, trace)
+        extra.update(trace_native_rate=native, trace_rate_scale=cfg.rate / native)
+    extra["arrival_rate"] = _arrival_rate(workload)
+    return replace(workload, stats={**workload.stats, **extra})
+
+
+def _arrival_rate(workload: Workload) -> float:
+    times = [r.arrival_time for r in workload.requests]
+    span = times[-1] - times[0]
+    return (len(times) - 1) / span if span > 0 else float("nan")

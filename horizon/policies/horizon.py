@@ -1,0 +1,141 @@
+"""Horizon: admit, order and evict for goodput using online output-length predictions.
+
+Serving under KV pressure is a memory-management problem; once blocks are managed, what decides
+goodput is which requests hold them. FCFS admits whatever fits *now* and preempts when decodes
+grow: each preemption throws away KV that must be recomputed and leaves an inter-token gap that
+can break the request's ITL target. Memory-first reserves every request's worst case and idles
+most of the pool. Horizon projects the pool's *expected* future from predicted lengths:
+
+* **Admission** (``admit``): running request ``i`` holds ``n_i`` tokens, grows one token per step
+  and frees its blocks when done; its predicted remaining length ``R_i`` (from the predictor,
+  conditioned on the tokens it has generated) gives the expected pool use ``tau`` steps ahead,
+  ``U(tau) = sum_i (n_i + tau) * P(R_i > tau)``. A waiting request starts only if the peak over
+  ``tau`` of ``U`` plus its own expected use stays within ``1 - headroom`` of the pool: admitting
+  it should not push the pool into preemption. With exact predictions this never preempts; with
+  a spread-out prediction it uses the whole distribution, not a pessimistic quantile, since the
+  sum over many requests concentrates around its mean (``headroom`` absorbs the rest).
+* **Order** (``waiting_key``, re-keyed at every refresh), in three tiers: (0) requests that must
+  not wait longer: preempted ones (they hold progress) and any that waited ``max_wait_s`` (the
+  starvation bound), oldest first; (1) requests that can still meet their TTFT target, earliest
+  deadline first; (2) requests whose TTFT target has passed, oldest first. Serving tier 2 before
+  tier 1 cannot raise goodput; serving tier 1 can.
+* **Refresh** (every ``refresh_every`` steps): running requests' predictions are recomputed
+  from the tokens generated so far (``predictor.update``) and ``U`` is rebuilt.
+* **Eviction** (``choose_victim``): when a block cannot be had anyway, evict the running request
+  with the most predicted remaining work per token already computed (least lost, most freed).
+
+The predictor is injected (built in predictors/); this module reads only the
+``LengthPredictor`` protocol, so the core stays free of scikit-learn.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from horizon.kv_cache import KVView
+from horizon.policies.base import Policy
+from horizon.prediction import LengthPredictor
+from horizon.request import Request
+
+
+class HorizonPolicy(Policy):
+    name = "horizon"
+    dynamic_order = True
+
+    def __init__(
+        self,
+        predictor: LengthPredictor,
+        headroom: float = 0.05,
+        refresh_every: int = 16,
+        max_wait_s: float = 60.0,
+        ttft_slo: float | None = None,
+        horizon_steps: int = 4096,
+        grid_step: int = 8,
+    ) -> None:
+        if not 0 <= headroom < 1:
+            raise ValueError(f"horizon.headroom must be in [0, 1), got {headroom!r}")
+        if not (isinstance(refresh_every, int) and refresh_every >= 1):
+            raise ValueError(f"horizon.refresh_every must be an int >= 1, got {refresh_every!r}")
+        if not (math.isfinite(max_wait_s) and max_wait_s > 0):
+            raise ValueError(f"horizon.max_wait_s must be finite and > 0, got {max_wait_s!r}")
+        if ttft_slo is not None and not (math.isfinite(ttft_slo) and ttft_slo > 0):
+            raise ValueError(f"horizon.ttft_slo must be finite and > 0, got {ttft_slo!r}")
+        if not (isinstance(grid_step, int) and 1 <= grid_step <= horizon_steps):
+            raise ValueError(
+                f"horizon.grid_step must be an int in 1..horizon_steps, got {grid_step!r}"
+            )
+        self.predictor = predictor
+        self.headroom = headroom
+        self.refresh_every = refresh_every
+        self.max_wait_s = max_wait_s
+        self.ttft_slo = ttft_slo
+        self.reads_true_length = predictor.reads_true_length
+        self._tau = np.arange(0, horizon_steps + 1, grid_step, dtype=np.float64)
+        self._use = np.zeros_like(self._tau)  # expected tokens held, running requests, by tau
+        self._mean_rem: dict[int, float] = {}  # request id -> expected remaining tokens
+        self._waiting_curve: tuple[int, int, np.ndarray] | None = None  # (id, tokens, curve)
+        self.num_refreshes = 0
+
+    # -- predictions ---------------------------------------------------------------------------
+    def _curve(self, r: Request) -> np.ndarray:
+        """Expected tokens ``r`` holds ``tau`` steps ahead (with half a block of rounding)."""
+        dist = self.predictor.update(r, r.num_output_tokens)
+        xs, fs = dist.knots()
+        alive = 1.0 - np.interp(self._tau, xs, fs)  # P(remaining > tau)
+        self._mean_rem[r.request_id] = dist.mean
+        return (r.num_tokens + self._tau + self._half_block) * alive
+
+    _half_block = 8.0
+
+    def refresh(self, running: Sequence[Request], now: float) -> None:
+        self.num_refreshes += 1
+        self._waiting_curve = None
+        use = np.zeros_like(self._tau)
+        for r in running:
+            use += self._curve(r)
+        self._use = use
+
+    def _remaining(self, r: Request) -> float:
+        rem = self._mean_rem.get(r.request_id)
+        if rem is None:
+            rem = self._mean_rem[r.request_id] = self.predictor.update(r, r.num_output_tokens).mean
+        return rem
+
+    # -- the decisions -------------------------------------------------------------------------
+    def waiting_key(self, req: Request, now: float) -> Any:
+        waited = now - req.arrival_time
+        if req.num_output_tokens or waited >= self.max_wait_s:
+            return (0, req.arrival_time, req.request_id)
+        ttft = (
+            self.ttft_slo
+            if self.ttft_slo is not None
+            else (req.slo.ttft if req.slo is not None else math.inf)
+        )
+        return (1 if waited < ttft else 2, req.arrival_time + ttft, req.request_id)
+
+    def admit(self, req: Request, view: KVView) -> bool:
+        self._half_block = view.block_size / 2
+        # the head of the queue is asked again every step until it fits: reuse its curve
+        cached = self._waiting_curve
+        if cached is not None and cached[0] == req.request_id and cached[1] == req.num_tokens:
+            curve = cached[2]
+        else:
+            curve = self._curve(req)
+            self._waiting_curve = (req.request_id, req.num_tokens, curve)
+        limit = (1.0 - self.headroom) * view.num_blocks * view.block_size
+        # an empty pool admits anyway: the scheduler already rejected what can never fit, and
+        # refusing here would stall the engine
+        if view.num_running and float(np.max(self._use + curve)) > limit:
+            return False
+        self._use += curve  # counted until the next refresh rebuilds the sum
+        return True
+
+    def choose_victim(self, running: Sequence[Request], needing: Request, now: float) -> Request:
+        def cost(r: Request) -> tuple[float, int]:
+            return (self._remaining(r) / (r.num_computed_tokens + 1), r.admit_seq)
+
+        return max(running, key=cost)
