@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from horizon.block_pool import BlockPool
-from horizon.request import Request
+from horizon.request import Request, StepClock
 
 
 def chained_block_hashes(token_ids: Sequence[int], block_size: int) -> list[int]:
@@ -142,14 +142,24 @@ class KVCacheManager:
 class KVView:
     """What a policy may read about the KV budget and who holds it. Nothing here mutates."""
 
-    __slots__ = ("_kv", "_reserve", "_running")
+    __slots__ = ("_kv", "_reserve", "_running", "_clock")
 
     def __init__(
-        self, kv: KVCacheManager, reserve: ReservationLedger, running: dict[int, Request]
+        self,
+        kv: KVCacheManager,
+        reserve: ReservationLedger,
+        running: dict[int, Request],
+        clock: StepClock,
     ) -> None:
         self._kv = kv
         self._reserve = reserve
         self._running = running
+        self._clock = clock
+
+    @property
+    def step(self) -> int:
+        """Index of the step being planned."""
+        return self._clock.step
 
     @property
     def num_running(self) -> int:

@@ -124,8 +124,9 @@ class LengthDistribution:
             v = max(prev, self.quantile(f + q * (1 - f)) - generated)  # monotone despite rounding
             vals.append(v)
             prev = v
+        lo = min(max(1.0, self.quantile(f) - generated), vals[0])
         hi = self.hi - generated if math.isfinite(self.hi) else math.inf
-        return LengthDistribution._trusted(self.levels, tuple(vals), 1.0, max(hi, vals[-1]))
+        return LengthDistribution._trusted(self.levels, tuple(vals), lo, max(hi, vals[-1]))
 
 
 def _tail_end(values: Sequence[float], levels: Sequence[float]) -> float:

@@ -64,9 +64,9 @@ class Scheduler:
         self.kv = KVCacheManager(self.pool, config.enable_prefix_caching)
         self.ledger = ReservationLedger()
         self.running: dict[int, Request] = {}  # admission order
-        self.view = KVView(self.kv, self.ledger, self.running)
-        self.recorder = recorder or Recorder(config.num_blocks, config.block_size)
         self.clock = StepClock()
+        self.view = KVView(self.kv, self.ledger, self.running, self.clock)
+        self.recorder = recorder or Recorder(config.num_blocks, config.block_size)
         self._event = config.step_mode == "event"
         self._bs = config.block_size
         self._waiting: list[tuple[object, int, Request]] = []  # heap of (key, seq, request)
@@ -167,10 +167,9 @@ class Scheduler:
 
     def _refresh(self, now: float) -> None:
         """Let the policy revise its estimates, then re-read running requests' reservations."""
-        running = tuple(self.running.values())
-        self.policy.refresh(running, now)
+        self.policy.refresh(self.view, now)
         bs, kv, ledger, reserve = self._bs, self.kv, self.ledger, self.policy.reserve_tokens
-        for r in running:
+        for r in self.running.values():
             ledger.set(r.request_id, -(-reserve(r) // bs), len(kv.blocks_of(r)))
         if self.policy.dynamic_order and self._waiting:
             key = self.policy.waiting_key

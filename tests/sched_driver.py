@@ -23,7 +23,7 @@ class ExactOracle:
 
     def predict(self, r: Request) -> LengthDistribution:
         t = float(r.true_output_tokens)
-        return LengthDistribution((0.5,), (t,), 1.0, t)
+        return LengthDistribution((0.5,), (t,), t, t)
 
     def update(self, r: Request, tokens_so_far: int) -> LengthDistribution:
         return self.predict(r).remaining(tokens_so_far)

@@ -16,7 +16,7 @@ recompute, rejection). It asks the policy four questions:
   block. May return ``needing`` itself (it then waits). ``running`` is in admission order.
 
 A policy whose estimates change while requests run (online predictions) sets ``refresh_every``
-to a number of steps: every that many steps the scheduler calls ``refresh(running, now)``, then
+to a number of steps: every that many steps the scheduler calls ``refresh(view, now)``, then
 re-reads ``reserve_tokens`` for each running request and, with ``dynamic_order``, re-keys the
 waiting queue. ``None`` (default): never.
 """
@@ -47,8 +47,8 @@ class Policy:
     def reserve_tokens(self, req: Request) -> int:
         return 0
 
-    def refresh(self, running: Sequence[Request], now: float) -> None:
-        """Update per-request estimates of running requests (see ``refresh_every``)."""
+    def refresh(self, view: KVView, now: float) -> None:
+        """Update per-request estimates of ``view.running`` (see ``refresh_every``)."""
 
     def choose_victim(self, running: Sequence[Request], needing: Request, now: float) -> Request:
         """Lowest priority = largest waiting key, later admission breaking ties."""

@@ -75,7 +75,9 @@ class HorizonPolicy(Policy):
         self.ttft_slo = ttft_slo
         self.reads_true_length = predictor.reads_true_length
         self._tau = np.arange(0, horizon_steps + 1, grid_step, dtype=np.float64)
+        self._grid = grid_step
         self._use = np.zeros_like(self._tau)  # expected tokens held, running requests, by tau
+        self._use_step = 0  # the step at which tau = 0 for _use
         self._mean_rem: dict[int, float] = {}  # request id -> expected remaining tokens
         self._waiting_curve: tuple[int, int, np.ndarray] | None = None  # (id, tokens, curve)
         self.num_refreshes = 0
@@ -91,13 +93,29 @@ class HorizonPolicy(Policy):
 
     _half_block = 8.0
 
-    def refresh(self, running: Sequence[Request], now: float) -> None:
+    def refresh(self, view: KVView, now: float) -> None:
         self.num_refreshes += 1
         self._waiting_curve = None
         use = np.zeros_like(self._tau)
-        for r in running:
+        for r in view.running:
             use += self._curve(r)
         self._use = use
+        self._use_step = view.step
+
+    def _shift(self, step: int) -> int:
+        """Grid points from ``_use``'s origin to ``step``, rounded up: reading the curve a
+        little later than now over-counts growth rather than missing it."""
+        return -(-(step - self._use_step) // self._grid)
+
+    def _aligned_use(self, shift: int) -> np.ndarray:
+        """``_use`` seen ``shift`` grid points later (the tail holds its last value)."""
+        if shift <= 0:
+            return self._use
+        n = len(self._use)
+        out = np.full(n, self._use[-1])
+        if shift < n:
+            out[: n - shift] = self._use[shift:]
+        return out
 
     def _remaining(self, r: Request) -> float:
         rem = self._mean_rem.get(r.request_id)
@@ -129,9 +147,14 @@ class HorizonPolicy(Policy):
         limit = (1.0 - self.headroom) * view.num_blocks * view.block_size
         # an empty pool admits anyway: the scheduler already rejected what can never fit, and
         # refusing here would stall the engine
-        if view.num_running and float(np.max(self._use + curve)) > limit:
+        shift = self._shift(view.step)
+        if view.num_running and float(np.max(self._aligned_use(shift) + curve)) > limit:
             return False
-        self._use += curve  # counted until the next refresh rebuilds the sum
+        # counted until the next refresh rebuilds the sum, aligned to _use's origin
+        if shift <= 0:
+            self._use += curve
+        elif shift < len(curve):
+            self._use[shift:] += curve[: len(curve) - shift]
         return True
 
     def choose_victim(self, running: Sequence[Request], needing: Request, now: float) -> Request:
