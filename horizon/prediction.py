@@ -83,11 +83,12 @@ class LengthDistribution:
         return x1 if f1 == f0 else x0 + (x1 - x0) * (q - f0) / (f1 - f0)
 
     def cdf(self, x: float) -> float:
+        """P(length <= x) (right-continuous: a point mass at ``x`` counts)."""
         xs, fs = self._xs, self._fs  # type: ignore[attr-defined]
-        if x <= xs[0]:
-            return 0.0
         if x >= xs[-1]:
             return 1.0
+        if x <= xs[0]:
+            return 0.0
         i = bisect.bisect_right(xs, x)
         x0, x1, f0, f1 = xs[i - 1], xs[i], fs[i - 1], fs[i]
         return f1 if x1 == x0 else f0 + (f1 - f0) * (x - x0) / (x1 - x0)

@@ -54,7 +54,7 @@ class HorizonPolicy(Policy):
         max_wait_s: float = 60.0,
         ttft_slo: float | None = None,
         horizon_steps: int = 4096,
-        grid_step: int = 8,
+        grid_step: int = 1,
     ) -> None:
         if not 0 <= headroom < 1:
             raise ValueError(f"horizon.headroom must be in [0, 1), got {headroom!r}")
