@@ -391,3 +391,20 @@ def test_importing_the_package_stays_light():
     out = subprocess.run([sys.executable, "-c", code], cwd=repo, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+def test_held_out_and_train_workloads_draw_from_disjoint_conversations(real):
+    from horizon.workload.split import held_out_conversations
+
+    held = held_out_conversations(real.num_conversations, 0, 0.2)
+    out = {}
+    for which in ("held_out", "train"):
+        wl = build_workload(
+            WorkloadConfig(num_requests=60, seed=3, conversations=which, mode="multi_turn"),
+            real,
+        )
+        out[which] = {r.conversation_id for r in wl.requests}
+    assert out["held_out"] <= held
+    assert not (out["train"] & held)
+    with pytest.raises(ValueError, match="conversations"):
+        WorkloadConfig(conversations="test")

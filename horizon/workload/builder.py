@@ -14,6 +14,7 @@ from horizon.workload.azure_trace import AzureTrace
 from horizon.workload.config import WorkloadConfig
 from horizon.workload.filters import FilterTally, LengthFilter
 from horizon.workload.multi_turn import interleave
+from horizon.workload.split import held_out_conversations
 from horizon.workload.tokenized import TokenizedCorpus
 from horizon.workload.turns import RequestSpec, conversation_requests
 
@@ -145,6 +146,12 @@ def _sharegpt_specs(
     rng: np.random.Generator,
 ) -> list[RequestSpec]:
     order = rng.permutation(tokenized.num_conversations)
+    if config.conversations != "all":
+        held = held_out_conversations(
+            tokenized.num_conversations, config.split_seed, config.split_test_fraction
+        )
+        keep = config.conversations == "held_out"
+        order = np.array([c for c in order.tolist() if (c in held) == keep], dtype=np.int64)
     max_turns = 1 if config.mode == "first_turn" else None
 
     def candidates() -> Iterator[list[RequestSpec]]:

@@ -6,6 +6,8 @@ import math
 import os
 from dataclasses import dataclass
 
+from horizon.workload.split import CONVERSATION_SETS
+
 SOURCES = ("sharegpt", "azure")
 MODES = ("first_turn", "multi_turn")
 ARRIVALS = ("poisson", "gamma", "trace")
@@ -35,6 +37,9 @@ class WorkloadConfig:
             filters on the templated prompt length and the reply length (each None = off).
         multi_turn_concurrency: conversations in progress at once in multi-turn mode.
         slo_ttft, slo_itl: per-request SLO in seconds (both or neither).
+        conversations: ``"all"``, or only the ``"train"`` or ``"held_out"`` conversations of
+            the split given by ``split_seed`` and ``split_test_fraction`` (the rule a learned
+            predictor is trained with: ``horizon.workload.split``).
     """
 
     source: str = "sharegpt"
@@ -55,9 +60,17 @@ class WorkloadConfig:
     multi_turn_concurrency: int = 16
     slo_ttft: float | None = None
     slo_itl: float | None = None
+    conversations: str = "all"
+    split_seed: int = 0
+    split_test_fraction: float = 0.2
 
     def __post_init__(self) -> None:
-        for name, known in (("source", SOURCES), ("mode", MODES), ("arrival", ARRIVALS)):
+        for name, known in (
+            ("source", SOURCES),
+            ("mode", MODES),
+            ("arrival", ARRIVALS),
+            ("conversations", CONVERSATION_SETS),
+        ):
             if getattr(self, name) not in known:
                 raise ValueError(
                     f"WorkloadConfig.{name} must be one of {', '.join(known)}; "
@@ -72,6 +85,12 @@ class WorkloadConfig:
         for name in ("num_requests", "max_output_tokens", "multi_turn_concurrency"):
             _check_int(self, name, minimum=1)
         _check_int(self, "seed", minimum=0)
+        _check_int(self, "split_seed", minimum=0)
+        if not 0 < self.split_test_fraction < 1:
+            raise ValueError(
+                "WorkloadConfig.split_test_fraction must be in (0, 1), "
+                f"got {self.split_test_fraction!r}"
+            )
         for name in ("rate", "burstiness", "trace_rate_scale"):
             _check_positive(self, name)
         for name in ("min_prompt_tokens", "min_output_tokens"):
