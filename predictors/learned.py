@@ -1,0 +1,289 @@
+"""``learned``: prompt features -> quantiles of total output length, with a calibrated online
+remaining-length estimate.
+
+Life cycle (each step an explicit call; the constructor only stores settings)::
+
+    p = LearnedPredictor(seed=0)           # or make_predictor("learned", seed=0)
+    p.fit(train_requests)                  # ~20-35 s on 2 cores (packaged ShareGPT train split)
+    p.save("runs/x/learned.joblib")        # p.artifact_path is now that file
+    q = LearnedPredictor.load("runs/x/learned.joblib")
+    q.prepare(run_requests)                # per-run memo: one batched model call
+    q.predict(r); q.update(r, g)           # microseconds each for prepared requests
+
+``fit`` splits its requests by conversation into a fitting part and a calibration part
+(``calibration_fraction``). The model (``length_model``) is fitted on the first; on the second,
+(1) the standardised residual quantiles that make the total-length quantiles calibrated and
+(2) the remaining-length calibrator (``calibration``) are measured.
+
+The model reads prompt ids, turn index and ``max_output_tokens`` only; ``true_output_tokens``
+is read in ``fit`` as the training label, never to predict.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import warnings
+from collections.abc import Sequence
+from dataclasses import asdict
+from pathlib import Path
+
+import joblib
+import numpy as np
+import sklearn
+
+from horizon.prediction import LengthDistribution
+from horizon.request import Request
+from horizon.workload.chat_template import ChatTemplate
+from horizon.workload.tokenized import load_tokenizer
+from predictors.base import LEVELS, BasePredictor, check_generated
+from predictors.calibration import RemainingCalibrator
+from predictors.dataset import fingerprint, split_by_conversation
+from predictors.features import Extracted, extract
+from predictors.length_model import LearnedSettings, LengthModel
+
+ARTIFACT_FORMAT = "horizon-learned-length-predictor"
+ARTIFACT_VERSION = 1
+# memo entry: (num_prompt_tokens, max_output_tokens, total distribution, its CDF knots xs, fs)
+_Entry = tuple[int, int, LengthDistribution, tuple[float, ...], tuple[float, ...]]
+
+
+class LearnedPredictor(BasePredictor):
+    """Quantile regression of output length from prompt features (module docstring).
+
+    Args: the fields of ``LearnedSettings`` (all optional), plus ``threads``: cap on the
+    OpenMP/BLAS threads used by ``fit`` and ``predict_batch`` (None = the libraries' default;
+    1 is much faster than 2 on a busy 2-core machine).
+
+    Attributes:
+        artifact_path: the file this predictor was saved to or loaded from (None before).
+        header: JSON-able description of the fitted model (None before ``fit``/``load``).
+    """
+
+    name = "learned"
+    reads_true_length = False
+
+    def __init__(self, threads: int | None = None, **settings: object) -> None:
+        self.settings = LearnedSettings(**settings)  # type: ignore[arg-type]
+        if threads is not None and (not isinstance(threads, int) or threads < 1):
+            raise ValueError(f"learned: threads must be an int >= 1 or None, got {threads!r}")
+        self.threads = threads
+        self.artifact_path: str | None = None
+        self.header: dict | None = None
+        self._model: LengthModel | None = None
+        self._z: tuple[float, ...] | None = None  # standardised residual quantile per level
+        self._calibrator: RemainingCalibrator | None = None
+        self._memo: dict[int, _Entry] = {}
+        self._tokenizer = None
+        self._template: ChatTemplate | None = None
+
+    # -- training ---------------------------------------------------------------------------
+    def fit(self, requests: Sequence[Request], data: dict | None = None) -> LearnedPredictor:
+        """Train on labelled requests (their ``true_output_tokens``). Replaces any fitted model
+        and clears the memo. ``data`` (JSON-able, e.g. ``RequestSplit.info``) is recorded in the
+        header next to the requests' fingerprint.
+
+        Raises:
+            ValueError: fewer than 2 conversations or 50 requests.
+        """
+        s = self.settings
+        if len(requests) < 50:
+            raise ValueError(f"learned: fit needs >= 50 requests, got {len(requests)}")
+        t0 = time.perf_counter()
+        fit_part, calib = split_by_conversation(requests, s.calibration_fraction, s.seed)
+        if not fit_part or not calib:
+            raise ValueError("learned: fit needs requests from at least 2 conversations")
+        with self._thread_limit():
+            ex = self._extract(fit_part)
+            y = _lengths(fit_part)
+            groups = np.asarray([_group(r) for r in fit_part])
+            model = LengthModel(s).fit(ex, y, groups)
+            mu, sc = model.location_scale(self._extract(calib))
+        yc = _lengths(calib)
+        z = (np.log(yc) - mu) / sc
+        self._z = tuple(float(v) for v in np.quantile(z, LEVELS, method="higher"))
+        self._model = model
+        hi_c = np.asarray([r.max_output_tokens for r in calib], dtype=np.float64)
+        self._calibrator = RemainingCalibrator.fit(
+            LEVELS, self._quantiles(mu, sc, hi_c), hi_c, yc, step=s.calibration_step
+        )
+        self._memo = {}
+        self.artifact_path = None
+        self.header = {
+            "format": ARTIFACT_FORMAT,
+            "version": ARTIFACT_VERSION,
+            "settings": asdict(s),
+            "feature_names": list(s.feature_names),
+            "levels": list(LEVELS),
+            "train_fingerprint": fingerprint(requests),
+            "data": data,
+            "fit_requests": len(fit_part),
+            "calibration_requests": len(calib),
+            "train_seed": s.seed,
+            "sklearn_version": sklearn.__version__,
+            "numpy_version": np.__version__,
+            "fit_seconds": round(time.perf_counter() - t0, 2),
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        }
+        return self
+
+    # -- artifact ---------------------------------------------------------------------------
+    def save(self, path: str | os.PathLike[str]) -> str:
+        """Write the fitted model to ``path`` (joblib; parents created) and a copy of the header
+        to ``path + ".json"``. Sets and returns ``artifact_path``."""
+        self._check_fitted()
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        payload = {
+            "header": self.header,
+            "model": self._model,
+            "z": self._z,
+            "calibrator": self._calibrator,
+        }
+        tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
+        try:
+            joblib.dump(payload, tmp, compress=3)
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
+        Path(f"{path}.json").write_text(json.dumps(self.header, indent=2) + "\n")
+        self.artifact_path = str(path.resolve())
+        return self.artifact_path
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str], threads: int | None = None) -> LearnedPredictor:
+        """A predictor from an artifact written by ``save``.
+
+        Raises:
+            FileNotFoundError: no such file.
+            ValueError: not an artifact of this format/version.
+        Warns (UserWarning) when the artifact was written by another scikit-learn version.
+        """
+        path = Path(path)
+        if not path.exists():
+            raise FileNotFoundError(f"learned: no artifact at {path}")
+        try:
+            payload = joblib.load(path)
+            header = payload["header"]
+            ok = header.get("format") == ARTIFACT_FORMAT
+        except Exception as e:  # any unpickling failure means "not ours"
+            raise ValueError(f"learned: {path} is not a learned-predictor artifact ({e})") from e
+        if not ok or header.get("version") != ARTIFACT_VERSION:
+            raise ValueError(
+                f"learned: {path} is format {header.get('format')!r} version "
+                f"{header.get('version')!r}; expected {ARTIFACT_FORMAT!r} {ARTIFACT_VERSION}"
+            )
+        if header.get("sklearn_version") != sklearn.__version__:
+            warnings.warn(
+                f"learned: {path} was fitted with scikit-learn {header.get('sklearn_version')}, "
+                f"running {sklearn.__version__}",
+                stacklevel=2,
+            )
+        p = cls(threads=threads, **header["settings"])
+        p._model, p._z, p._calibrator = payload["model"], tuple(payload["z"]), payload["calibrator"]
+        p.header = header
+        p.artifact_path = str(path.resolve())
+        return p
+
+    # -- prediction -------------------------------------------------------------------------
+    def predict_batch(self, requests: Sequence[Request]) -> list[LengthDistribution]:
+        """Total-length distributions of ``requests`` in one vectorised model call (under 1 ms
+        per request, most of it decoding and text features). Does not touch the memo."""
+        self._check_fitted()
+        if not requests:
+            return []
+        assert self._model is not None
+        with self._thread_limit():
+            mu, sc = self._model.location_scale(self._extract(requests))
+        hi = np.asarray([r.max_output_tokens for r in requests], dtype=np.float64)
+        q = self._quantiles(mu, sc, hi)
+        return [
+            LengthDistribution(LEVELS, tuple(row), 1.0, h)
+            for row, h in zip(q.tolist(), hi.tolist(), strict=True)
+        ]
+
+    def prepare(self, requests: Sequence[Request]) -> None:
+        """Fill this instance's memo for one run: ``request_id -> distribution``.
+
+        This is an explicit, per-run memo, not a hidden cache: it holds exactly the requests
+        of the last ``prepare`` call (it is replaced, not merged), and ``predict``/``update``
+        check that a memoised entry belongs to a request with the same prompt length and output
+        limit (else ValueError: prepare this run's requests). Prepared requests cost
+        microseconds in ``predict``/``update``; unprepared ones are predicted one at a time
+        (milliseconds, nothing stored).
+        """
+        memo = {}
+        for r, d in zip(requests, self.predict_batch(requests), strict=True):
+            memo[r.request_id] = (r.num_prompt_tokens, r.max_output_tokens, d, *d.knots())
+        self._memo = memo
+
+    def predict(self, request: Request) -> LengthDistribution:
+        return self._entry(request)[2]
+
+    def update(self, request: Request, tokens_so_far: int) -> LengthDistribution:
+        """Calibrated remaining length after ``tokens_so_far`` tokens (module ``calibration``):
+        the prompt-time distribution conditioned on ``total > tokens_so_far``, with its levels
+        corrected by the calibration table; ``tokens_so_far = 0`` gives ``predict``."""
+        check_generated(request, tokens_so_far)
+        _, _, total, xs, fs = self._entry(request)
+        if tokens_so_far == 0:
+            return total
+        assert self._calibrator is not None
+        out = self._calibrator.remaining(xs, fs, tokens_so_far)
+        if out is None:  # at or past max_output_tokens: one more token is all that is left
+            return LengthDistribution(LEVELS, tuple(1.0 for _ in LEVELS), 1.0, 1.0)
+        return out
+
+    # -- internals --------------------------------------------------------------------------
+    def _entry(self, request: Request) -> _Entry:
+        e = self._memo.get(request.request_id)
+        if e is None:
+            d = self.predict_batch([request])[0]
+            return (request.num_prompt_tokens, request.max_output_tokens, d, *d.knots())
+        if e[0] != request.num_prompt_tokens or e[1] != request.max_output_tokens:
+            raise ValueError(
+                f"learned: request {request.request_id} differs from the one prepared under "
+                f"that id; call prepare() with this run's requests"
+            )
+        return e
+
+    def _quantiles(self, mu: np.ndarray, sc: np.ndarray, hi: np.ndarray) -> np.ndarray:
+        assert self._z is not None
+        q = np.exp(mu[:, None] + sc[:, None] * np.asarray(self._z)[None, :])
+        q = np.clip(q, 1.0, hi[:, None])
+        return np.maximum.accumulate(q, axis=1)
+
+    def _extract(self, requests: Sequence[Request]) -> Extracted:
+        if self._tokenizer is None:
+            self._tokenizer = load_tokenizer(self.settings.tokenizer)
+            self._template = ChatTemplate.from_tokenizer(self._tokenizer)
+        assert self._template is not None
+        s = self.settings
+        return extract(
+            requests, self._tokenizer, self._template, s.head_chars, s.tail_chars, s.prev_chars
+        )
+
+    def _thread_limit(self):  # noqa: ANN202
+        from threadpoolctl import threadpool_limits
+
+        return threadpool_limits(self.threads)
+
+    def _check_fitted(self) -> None:
+        if self._model is None:
+            raise ValueError("learned: call fit(requests) or LearnedPredictor.load(path) first")
+
+    def __getstate__(self) -> dict:
+        # Picklable (e.g. to hand to a worker process) without the tokenizer, rebuilt lazily.
+        # To keep a model, use save(path): an explicit artifact with a header.
+        state = dict(self.__dict__)
+        state["_tokenizer"] = state["_template"] = None
+        return state
+
+
+def _lengths(requests: Sequence[Request]) -> np.ndarray:
+    return np.asarray([r.true_output_tokens for r in requests], dtype=np.float64)
+
+
+def _group(r: Request) -> int:
+    return r.conversation_id if r.conversation_id >= 0 else -1 - r.request_id
