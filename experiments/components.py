@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from experiments.config import ModelConfig, RunConfig
+from experiments.workloads import DataSources
 from horizon.model_shape import ModelShape, model_shape
 from horizon.policies import Policy, make_policy
 from horizon.request import SLO
@@ -25,14 +25,10 @@ def kv_num_blocks(model: ModelConfig, block_size: int) -> int:
     if model.num_blocks is not None:
         return model.num_blocks
     shape, gpu = model_shape(model.shape), gpu_spec(model.gpu)
-    free = gpu.memory_bytes * model.gpu_memory_utilization - shape.weight_bytes()
-    blocks = math.floor(free / (block_size * shape.kv_bytes_per_token()))
-    if blocks < 1:
-        raise ValueError(
-            f"model.gpu_memory_utilization={model.gpu_memory_utilization} of {gpu.name} leaves "
-            f"no KV memory for {shape.name} ({shape.weight_bytes() / 1e9:.1f} GB of weights)"
-        )
-    return blocks
+    try:
+        return shape.kv_blocks(gpu.memory_bytes, model.gpu_memory_utilization, block_size)
+    except ValueError as e:
+        raise ValueError(f"model.gpu_memory_utilization on {gpu.name}: {e}") from None
 
 
 @dataclass(frozen=True)
@@ -45,17 +41,30 @@ class Components:
     policy: Policy
     cost_model: CostModel
     slo: SLO
+    predictor: object | None = None  # the policy's length predictor, if it takes one
 
 
-def build_components(cfg: RunConfig) -> Components:
-    """Build (and so check) everything ``cfg`` names; registry names give their ValueError."""
+def build_components(cfg: RunConfig, sources: DataSources | None = None) -> Components:
+    """Build (and so check) everything ``cfg`` names; registry names give their ValueError.
+
+    ``sources`` provides (and trains, once per process) a policy's length predictor.
+    """
     shape, gpu = model_shape(cfg.model.shape), gpu_spec(cfg.model.gpu)
     num_blocks = kv_num_blocks(cfg.model, cfg.scheduler.block_size)
+    predictor = None
+    options = dict(cfg.policy.options)
+    pred_cfg = cfg.policy.predictor_config
+    if pred_cfg is not None:
+        sources = sources or DataSources(cfg.data)
+        predictor = sources.predictor(pred_cfg, cfg.workload)
+        options["predictor"] = predictor
+        options.setdefault("ttft_slo", cfg.slo.ttft)
     return Components(
         shape=shape,
         gpu=gpu,
+        predictor=predictor,
         scheduler=cfg.scheduler.scheduler_config(num_blocks, cfg.backend.step_mode),
-        policy=make_policy(cfg.policy.name, **cfg.policy.options),
+        policy=make_policy(cfg.policy.name, **options),
         cost_model=make_cost_model(
             cfg.backend.cost_model, shape=shape, gpu=gpu, **cfg.backend.cost_model_options
         ),

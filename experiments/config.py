@@ -34,22 +34,86 @@ STEP_MODES = ("event", "reference")
 
 
 @dataclass(frozen=True)
-class PolicyConfig:
-    """A policy by registry name, with its keyword options (e.g. sjf_prompt's aging)."""
+class PredictorConfig:
+    """An output-length predictor by registry name (``predictors/``), with its options.
+
+    Predictors that learn (``mean``, ``prompt_length``, ``learned``) are fitted on the *train*
+    conversations of the workload's split (``workload.split_seed``, ``split_test_fraction``), so
+    the workload must draw from the held-out ones (``workload.conversations: held_out``).
+    ``artifact``: for ``learned``, the model file: loaded if it exists, else trained once and
+    saved there (its path is written into every run's summary).
+    """
 
     name: str
     options: dict[str, Any] = field(default_factory=dict)
+    artifact: str | None = None
 
     def __post_init__(self) -> None:
-        make_policy(self.name, **self.options)  # the registry's ValueError for a bad name/option
+        from predictors import predictor_names
+
+        if self.name not in predictor_names():
+            raise ValueError(
+                f"unknown predictor {self.name!r}; known: {', '.join(predictor_names())}"
+            )
+        if self.artifact is not None and self.name != "learned":
+            raise ValueError(f"predictor.artifact is for 'learned' only, not {self.name!r}")
+
+    @property
+    def learns(self) -> bool:
+        return self.name in ("mean", "prompt_length", "learned")
 
     @property
     def label(self) -> str:
-        """``name``, or ``name(k=v, ...)`` when options are set (for tables and legends)."""
-        if not self.options:
-            return self.name
-        opts = ", ".join(f"{k}={_short(v)}" for k, v in sorted(self.options.items()))
-        return f"{self.name}({opts})"
+        return _labelled(self.name, self.options)
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    """A policy by registry name, with its keyword options (e.g. sjf_prompt's aging), and the
+    length predictor of a policy that takes one (``horizon``)."""
+
+    name: str
+    options: dict[str, Any] = field(default_factory=dict)
+    # the ``PredictorConfig`` fields, kept as a mapping so that Hydra can merge into it (its
+    # frozen node would be read-only); ``predictor_config`` is the typed, checked object
+    predictor: dict[str, Any] | None = None
+
+    @property
+    def predictor_config(self) -> PredictorConfig | None:
+        if self.predictor is None:
+            return None
+        try:
+            return PredictorConfig(**self.predictor)
+        except TypeError as e:
+            raise ValueError(f"policy.predictor: {e}") from None
+
+    def __post_init__(self) -> None:
+        from predictors import make_predictor
+
+        self.predictor_config  # noqa: B018 - PredictorConfig's own checks
+        if self.name == "horizon":
+            if self.predictor is None:
+                raise ValueError("policy 'horizon' needs a predictor (policy.predictor.name=...)")
+            # the registry's ValueError for bad options (a stand-in predictor for the check)
+            make_policy(self.name, predictor=make_predictor("oracle"), **self.options)
+        else:
+            if self.predictor is not None:
+                raise ValueError(f"policy {self.name!r} takes no predictor")
+            make_policy(self.name, **self.options)  # ValueError for a bad name/option
+
+    @property
+    def label(self) -> str:
+        """``name``, or ``name(k=v, ...)`` when options are set, and ``[predictor]``."""
+        label = _labelled(self.name, self.options)
+        pred = self.predictor_config
+        return f"{label}[{pred.label}]" if pred is not None else label
+
+
+def _labelled(name: str, options: dict[str, Any]) -> str:
+    if not options:
+        return name
+    opts = ", ".join(f"{k}={_short(v)}" for k, v in sorted(options.items()) if k != "threads")
+    return f"{name}({opts})" if opts else name
 
 
 @dataclass(frozen=True)
@@ -72,6 +136,9 @@ class WorkloadSpec:
     max_prompt_tokens: int | None
     max_total_tokens: int | None
     multi_turn_concurrency: int
+    conversations: str = "all"
+    split_seed: int = 0
+    split_test_fraction: float = 0.2
 
     def __post_init__(self) -> None:
         self.workload_config(rate=1.0, seed=0, num_requests=1)  # WorkloadConfig's own checks
@@ -222,6 +289,12 @@ class RunConfig:
             raise ValueError(f"rate must be a finite number > 0 (requests/s), got {r!r}")
         _check_int("seed", self.seed, 0)
         _check_int("num_requests", self.num_requests, 1)
+        pred = self.policy.predictor_config
+        if pred is not None and pred.learns and self.workload.conversations != "held_out":
+            raise ValueError(
+                f"predictor {pred.name!r} is trained on the train conversations of the workload's "
+                "split: set workload.conversations=held_out so that it is evaluated on others"
+            )
         if (self.slo.model, self.slo.gpu) != (self.model.shape, self.model.gpu):
             raise ValueError(
                 f"slo preset {self.slo.name!r} is for {self.slo.model} on {self.slo.gpu}, but "

@@ -23,8 +23,9 @@ from experiments.workloads import DataSources, make_workload
 
 def execute(cfg: RunConfig, out_dir: str) -> dict:
     """Build, simulate and write one run; returns its summary."""
-    parts = build_components(cfg)
-    workload = make_workload(cfg, DataSources(cfg.data))
+    sources = DataSources(cfg.data)
+    parts = build_components(cfg, sources)
+    workload = make_workload(cfg, sources)
     result = simulate(cfg, workload, parts)
     return write_run_dir(out_dir, cfg, parts, workload, result)
 

@@ -20,6 +20,7 @@ from omegaconf import OmegaConf
 
 from experiments.components import Components
 from experiments.config import RunConfig
+from experiments.length_predictor import predictor_identity
 from experiments.records_io import write_records
 from experiments.runner import RunResult
 from horizon.request import SLO
@@ -65,6 +66,8 @@ def run_identity(cfg: RunConfig, parts: Components) -> dict:
         "cost_model_options": dict(cfg.backend.cost_model_options),
         "step_mode": cfg.backend.step_mode,
         "max_time": cfg.backend.max_time,
+        "conversations": cfg.workload.conversations,
+        **predictor_identity(parts.predictor, cfg.policy.predictor_config),
     }
 
 

@@ -25,8 +25,12 @@ class RunResult:
 def simulate(cfg: RunConfig, workload: Workload, parts: Components) -> RunResult:
     """Run ``workload`` (fresh copies of its requests) under ``parts``; ``parts`` is used up."""
     start = time.perf_counter()
+    requests = workload.new_requests()
+    prepare = getattr(parts.predictor, "prepare", None)
+    if prepare is not None:
+        prepare(requests)  # one batched model call per run (the predictor's per-run memo)
     sim = Simulation(
-        workload.new_requests(),
+        requests,
         parts.scheduler,
         parts.policy,
         parts.cost_model,

@@ -67,7 +67,7 @@ def run_grid(cfg: SweepConfig, policies: dict[str, PolicyConfig], sweep_dir: Pat
                 run_cfg = cfg.run_config(
                     policy=policy, rate=rate, seed=seed, num_requests=grid.num_requests
                 )
-                parts = build_components(run_cfg)
+                parts = build_components(run_cfg, sources)
                 result = simulate(run_cfg, workload, parts)
                 run_dir = sweep_dir / "runs" / f"{option}_rate{rate:g}_seed{seed}"
                 write_run_dir(run_dir, run_cfg, parts, workload, result)

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from experiments.config import DataConfig, RunConfig
+from experiments.config import DataConfig, PredictorConfig, RunConfig, WorkloadSpec
+from experiments.length_predictor import build_predictor
 from horizon.workload import (
     AzureTrace,
     TokenizedCorpus,
@@ -30,6 +31,7 @@ class DataSources:
         self.data = data
         self._tokenized: TokenizedCorpus | None = None
         self._traces: dict[str, AzureTrace] = {}
+        self._predictors: dict[str, object] = {}
 
     def tokenized(self) -> TokenizedCorpus:
         """The ShareGPT corpus's tokens, from ``data.token_cache`` (tokenised on first use)."""
@@ -37,6 +39,16 @@ class DataSources:
             corpus = load_sharegpt(self.data.sharegpt_path)
             self._tokenized = tokenize_corpus(corpus, self.data.token_cache, self.data.tokenizer)
         return self._tokenized
+
+    def predictor(self, cfg: PredictorConfig, workload: WorkloadSpec) -> object:
+        """The predictor of ``cfg`` for ``workload``'s split, built (and trained) once."""
+        key = repr(
+            (cfg, workload.split_seed, workload.split_test_fraction, workload.max_output_tokens)
+        )
+        if key not in self._predictors:
+            tokenized = self.tokenized() if workload.source == "sharegpt" else None
+            self._predictors[key] = build_predictor(cfg, workload, tokenized)
+        return self._predictors[key]
 
     def trace(self, path: str) -> AzureTrace:
         if path not in self._traces:
