@@ -34,10 +34,15 @@ def build_predictor(
     Raises:
         ValueError: a learning predictor without a ShareGPT corpus to train on.
     """
-    if cfg.name == "learned" and cfg.artifact is not None and Path(cfg.artifact).exists():
-        threads = cfg.options.get("threads")
-        return make_predictor("learned", artifact=cfg.artifact, threads=threads)
-    predictor = make_predictor(cfg.name, **cfg.options)
+    options = dict(cfg.options)
+    if cfg.name == "learned":
+        # one thread: the boosted models' OpenMP threads fight the simulator on small machines
+        options.setdefault("threads", 1)
+        if cfg.artifact is not None and Path(cfg.artifact).exists():
+            p = make_predictor("learned", artifact=cfg.artifact, threads=options["threads"])
+            _check_split(p, cfg.artifact, split_config(workload))
+            return p
+    predictor = make_predictor(cfg.name, **options)
     if not cfg.learns:
         return predictor
     if tokenized is None:
@@ -48,6 +53,18 @@ def build_predictor(
         Path(cfg.artifact).parent.mkdir(parents=True, exist_ok=True)
         predictor.save(cfg.artifact)
     return predictor
+
+
+def _check_split(predictor: object, artifact: str, split: SplitConfig) -> None:
+    """A saved model must come from the split the workload holds out, or it saw the replies."""
+    trained = (getattr(predictor, "header", None) or {}).get("data", {}).get("config", {})
+    want = {"seed": split.seed, "test_fraction": split.test_fraction}
+    got = {k: trained.get(k) for k in want}
+    if got != want:
+        raise ValueError(
+            f"predictor artifact {artifact} was trained on split {got}, but the workload holds "
+            f"out split {want}: point policy.predictor.artifact at a model of that split"
+        )
 
 
 def predictor_identity(predictor: object, cfg: PredictorConfig | None) -> dict:

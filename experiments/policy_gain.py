@@ -3,7 +3,7 @@
     python -m experiments.policy_gain [--quick] [--out DIR]
 
 Setting: the Qwen2.5-7B shape on one H200 (roofline cost model), the KV-bound pool of the main
-sweep (3,000 blocks), ShareGPT first turns from the conversations held out of the learned
+sweep (3,000 blocks), ShareGPT first turns from the half of the conversations held out of the learned
 predictor's training split, Poisson arrivals, SLO preset ``h200_7b`` (TTFT 1 s, ITL 50 ms),
 lifetime goodput. Steps:
 
@@ -37,24 +37,19 @@ from experiments.runner import simulate
 from experiments.workloads import DataSources, make_workload
 
 REPO = Path(__file__).resolve().parents[1]
-SETTING = ["workload.conversations=held_out", "model.num_blocks=3000", "slo=h200_7b"]
+SETTING = [
+    "workload.conversations=held_out",
+    "workload.split_test_fraction=0.5",
+    "model.num_blocks=3000",
+    "slo=h200_7b",
+]
 POLICIES: dict[str, list[str]] = {
     "fcfs": ["policy=fcfs"],
     "memory_first": ["policy=memory_first"],
     "sjf_prompt": ["policy=sjf_prompt"],
     "horizon_learned": ["policy=horizon"],
-    "horizon_mean": [
-        "policy=horizon",
-        "policy.predictor.name=mean",
-        "policy.predictor.artifact=null",
-        "~policy.predictor.options.threads",
-    ],
-    "horizon_oracle": [
-        "policy=horizon",
-        "policy.predictor.name=oracle",
-        "policy.predictor.artifact=null",
-        "~policy.predictor.options.threads",
-    ],
+    "horizon_mean": ["policy=horizon_mean"],
+    "horizon_oracle": ["policy=horizon_oracle"],
     "oracle_srpt": ["policy=oracle_srpt"],
 }
 METRICS = (
@@ -77,7 +72,7 @@ class Plan:
     hi: float
 
 
-FULL = Plan(num_requests=3000, seeds=(0, 1, 2), iterations=8, lo=20.0, hi=200.0)
+FULL = Plan(num_requests=4000, seeds=(0, 1, 2), iterations=8, lo=20.0, hi=200.0)
 QUICK = Plan(num_requests=600, seeds=(0,), iterations=5, lo=20.0, hi=200.0)
 
 
