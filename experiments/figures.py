@@ -6,6 +6,7 @@ Every figure's title names the model shape, GPU, KV budget, workload, SLO and go
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -42,7 +43,9 @@ def choose_rate(rows: pd.DataFrame) -> tuple[float, str]:
 
 def goodput_figure(setting: dict, rows: pd.DataFrame, path: Path) -> Path:
     """Lifetime and TPOT goodput vs rate: mean over seeds, min-max band, a line per policy."""
-    fig = Figure(figsize=(12, 4.8), layout="constrained")
+    policies = sorted(rows["policy"].unique())
+    colors = _colors(len(policies))
+    fig = Figure(figsize=(12, 4.8 + 0.18 * len(policies)), layout="constrained")
     FigureCanvasAgg(fig)
     axes = fig.subplots(1, 2, sharey=True)
     itl_ms = setting["slo_itl"] * 1e3
@@ -53,7 +56,9 @@ def goodput_figure(setting: dict, rows: pd.DataFrame, path: Path) -> Path:
     for ax, (metric, kind) in zip(axes, kinds.items(), strict=True):
         for policy, by_policy in rows.groupby("policy", sort=True):
             stats = by_policy.groupby("rate")[metric].agg(["mean", "min", "max"])
-            (line,) = ax.plot(stats.index, stats["mean"], marker="o", label=policy)
+            color = colors[policies.index(policy)]
+            label = legend_label(policy, policies)
+            (line,) = ax.plot(stats.index, stats["mean"], marker="o", label=label, color=color)
             ax.fill_between(
                 stats.index, stats["min"], stats["max"], alpha=0.2, lw=0, color=line.get_color()
             )
@@ -62,10 +67,53 @@ def goodput_figure(setting: dict, rows: pd.DataFrame, path: Path) -> Path:
         ax.set_ylim(-0.02, 1.02)
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("share of arrived requests that are good")
-    axes[0].legend(title="policy (mean over seeds, min-max band)", fontsize=8, loc="center left")
-    fig.suptitle(_title(setting, "goodput vs load"), fontsize=10)
+    fig.legend(
+        *axes[0].get_legend_handles_labels(),
+        title="policy (mean over seeds, min-max band)",
+        fontsize=8,
+        loc="outside lower center",
+        ncols=min(len(policies), 3),
+    )
+    title = _title(setting, "goodput vs load")
+    shared = _shared_options(policies)
+    if shared:
+        title += f" (options of every {shared})"
+    fig.suptitle(title, fontsize=10)
     fig.savefig(path, dpi=120)
     return path
+
+
+def _split(label: str) -> tuple[str, str, str]:
+    """``name(options)[predictor]`` -> its three parts (each may be empty but the name)."""
+    m = re.fullmatch(r"([^(\[]+)(\([^)]*\))?(\[.*\])?", label)
+    if m is None:
+        return label, "", ""
+    return m.group(1), m.group(2) or "", m.group(3) or ""
+
+
+def legend_label(policy: str, policies: list[str]) -> str:
+    """``policy`` without its options when every policy of its name has the same ones and they
+    differ only by predictor (the options then go in a footnote, ``_shared_options``)."""
+    name, opts, pred = _split(policy)
+    same = {_split(p)[1] for p in policies if _split(p)[0] == name}
+    return f"{name}{pred}" if opts and pred and len(same) == 1 else policy
+
+
+def _shared_options(policies: list[str]) -> str:
+    seen = {}
+    for p in policies:
+        name, opts, pred = _split(p)
+        if opts and pred:
+            seen.setdefault(name, set()).add(opts)
+    return "; ".join(f"{n}{next(iter(o))}" for n, o in sorted(seen.items()) if len(o) == 1)
+
+
+def _colors(n: int) -> list:
+    """``n`` distinguishable colours (tab10, then tab20 for larger sets)."""
+    import matplotlib
+
+    cmap = matplotlib.colormaps["tab10" if n <= 10 else "tab20"]
+    return [cmap(i % cmap.N) for i in range(n)]
 
 
 def latency_cdf_figure(
