@@ -3,9 +3,9 @@
     python -m experiments.policy_gain [--quick] [--out DIR]
 
 Setting: the Qwen2.5-7B shape on one H200 (roofline cost model), the KV-bound pool of the main
-sweep (3,000 blocks), ShareGPT first turns from the half of the conversations held out of the learned
-predictor's training split, Poisson arrivals, SLO preset ``h200_7b`` (TTFT 1 s, ITL 50 ms),
-lifetime goodput. Steps:
+sweep (3,000 blocks), ShareGPT first turns from the half of the conversations held out of the
+learned predictor's training split, Poisson arrivals, SLO preset ``h200_7b`` (TTFT 1 s, ITL
+50 ms), lifetime goodput. Steps:
 
 1. ``load``: bisect the arrival rate until fcfs's lifetime goodput (mean over seeds) is ~0.5;
 2. run every policy there, on every seed: goodput, throughput, p99 TTFT, recompute waste, the
@@ -188,7 +188,7 @@ def _summary(load, table, rate90, plan, runs, wall) -> dict:  # noqa: ANN001
             "gpu": "H200",
             "cost_model": "roofline",
             "num_blocks": 3000,
-            "workload": "sharegpt_first_turn (held-out conversations)",
+            "workload": "sharegpt_first_turn (held-out half of the conversations)",
             "slo": "h200_7b",
             "num_requests": plan.num_requests,
             "seeds": list(plan.seeds),
