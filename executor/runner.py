@@ -1,0 +1,570 @@
+"""The model runner: a ``StepPlan`` -> one forward pass of the paged model -> one token for each
+request that emits in the step.
+
+A step's flat batch, built on the host and sent with ONE host-to-device copy::
+
+    tokens      | decode 0 | ... | decode d-1 | chunk 0 (n_0 tokens) | ... | chunk p-1 |
+    sequences   |    0     | ... |    d-1     |          d           | ... |  d+p-1    |
+    logits      one row per decode, one per chunk that ends its prefill (it emits a token)
+
+The copy fills views of one persistent int32 device buffer (token ids, positions, slot mapping,
+context lengths, ``cu_q_lens``, block-table rows, logit rows, block-table updates), so a
+decode-only step replays a CUDA graph captured on those same views, padded to a bucketed batch
+size with rows of slot ``-1`` and context 0 (which the kernels skip).
+
+Block tables: every running request owns a row of a persistent ``[max_num_seqs, max_blocks]``
+device table (and its host mirror). Each step appends the blocks the scheduler gave the request
+since the last step (a decode needs one every ``block_size`` steps), so the copy carries only
+those; the step's ``block_tables`` is a device gather of its sequences' rows. A preempted
+request gives its row up; its token history stays, so its recompute feeds prompt + generated
+tokens again.
+
+Token history: the runner keeps each request's prompt + generated ids, in per-row numpy arrays
+while it holds a row (``commit`` appends the step's tokens with one vectorised write). A
+decode's input is the last of them, at position ``len - 1``; a chunk's are ``history[C : C + n]``
+with ``C = num_computed_tokens``. While the scheduler hands out the same decode tuple (event
+mode, decode set unchanged), a decode step's inputs are gathered from these arrays without a
+Python loop over the requests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from executor.attention import PagedAttention
+from executor.kernels.tiling import decode_num_splits
+from executor.model import CausalLM
+from executor.sampling import SamplingBatch, SamplingParams, sample
+from horizon.plan import StepPlan
+from horizon.request import Request
+
+GRAPH_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 160, 192, 224, 256)
+GREEDY = SamplingParams()
+
+BlocksOf = Callable[[Request], Sequence[int]]
+
+
+@dataclass
+class StepOutput:
+    """What one ``execute`` produced.
+
+    Attributes:
+        requests: the requests that emitted a token (decodes, then chunks ending a prefill).
+        tokens: their tokens, same order.
+        request_ids: their ids, same order.
+        logits: ``[len(requests), vocab]`` logits they were sampled from, in the model's dtype
+            (a graph's static output on the GPU: overwritten by the next step; copy to keep).
+        all_logits: ``[num_tokens, vocab]`` fp32 logits of every token of the flat batch, only
+            when ``execute(..., all_logits=True)``.
+    """
+
+    requests: list[Request]
+    tokens: list[int]
+    request_ids: list[int]
+    logits: torch.Tensor | None = None
+    all_logits: torch.Tensor | None = None
+
+
+class _Seq:
+    """One request's state in the runner. While it holds a block-table row its token history
+    lives in the runner's per-row arrays; otherwise (not yet started, or preempted) in
+    ``tokens``."""
+
+    __slots__ = ("tokens", "num_prompt", "row", "params")
+
+    def __init__(self, tokens: list[int], num_prompt: int, params: SamplingParams) -> None:
+        self.tokens: list[int] | None = tokens  # prompt + generated ids, while row == -1
+        self.num_prompt = num_prompt
+        self.row = -1
+        self.params = params
+
+
+class _Staging:
+    """Regions of the step's int32 metadata, as numpy views (host) and tensor views (device)."""
+
+    def __init__(self, max_tokens: int, max_seqs: int, max_updates: int, device) -> None:  # noqa: ANN001
+        sizes = {
+            "ids": max_tokens,
+            "pos": max_tokens,
+            "slot": max_tokens,
+            "ctx": max_seqs,
+            "cu": max_seqs + 1,
+            "rows": max_seqs,
+            "logit": max_seqs,
+            "upd_idx": max_updates,
+            "upd_val": max_updates,
+        }
+        sizes = {k: -(-n // 16) * 16 for k, n in sizes.items()}  # 64-byte aligned regions
+        total = sum(sizes.values())
+        pin = device.type == "cuda"
+        self.host = torch.zeros(total, dtype=torch.int32, pin_memory=pin)
+        self.dev = self.host if device.type == "cpu" else torch.zeros_like(self.host, device=device)
+        host_np = self.host.numpy()
+        self.np: dict[str, np.ndarray] = {}
+        self.t: dict[str, torch.Tensor] = {}
+        start = 0
+        for name, n in sizes.items():
+            self.np[name] = host_np[start : start + n]
+            self.t[name] = self.dev[start : start + n]
+            start += n
+        self.max_updates = max_updates
+
+    def upload(self) -> None:
+        if self.dev is not self.host:
+            self.dev.copy_(self.host, non_blocking=True)
+
+
+class ModelRunner:
+    """Executes plans on a ``CausalLM`` with a paged KV tensor.
+
+    Args:
+        model: the decoder (its device and dtype are the KV tensor's).
+        kv_cache: ``[layers, 2, num_blocks, block_size, kv_heads, head_dim]``; block ``b`` is the
+            scheduler's block id ``b``. Mutated by every step.
+        max_num_seqs / max_num_batched_tokens / max_model_len: the scheduler's limits; a plan
+            beyond them is an AssertionError.
+        backend: attention kernels, "triton" (default on CUDA) or "torch" (default on CPU).
+        cuda_graphs: replay decode-only steps from CUDA graphs (default: on CUDA with Triton).
+        graph_batch_sizes: buckets a decode batch is padded to (graphs, or ``pad_decodes``).
+        pad_decodes: pad eager decode-only steps to the buckets too (tests the graphs' padding
+            without a GPU).
+        fused: run the model through ``executor.fused.FusedForward`` (Triton kernels for
+            RMSNorm, RoPE, SiLU; default: with the Triton backend), else ``model.forward``.
+        prompt_of / sampling_of: a new request's prompt ids and sampling parameters (default:
+            ``request.prompt_token_ids`` and greedy).
+
+    Contracts:
+        * ``execute`` reads the plan and the requests' counters as they were when the plan was
+          made (call it before ``Scheduler.update``) and the block tables through ``blocks_of``;
+          it never changes scheduler state.
+        * With ``commit=True`` (default) each emitted token is appended to its request's history.
+        * ``release(request)`` must be called when a request finishes; preempted requests (in a
+          plan's ``preempted``) are handled by ``execute``.
+    """
+
+    def __init__(
+        self,
+        model: CausalLM,
+        kv_cache: torch.Tensor,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        max_model_len: int,
+        backend: str | None = None,
+        cuda_graphs: bool | None = None,
+        graph_batch_sizes: Sequence[int] = GRAPH_BATCH_SIZES,
+        pad_decodes: bool = False,
+        prompt_of: Callable[[Request], Sequence[int]] | None = None,
+        sampling_of: Callable[[Request], SamplingParams] | None = None,
+        fused: bool | None = None,
+    ) -> None:
+        self.model = model
+        self.device = kv_cache.device
+        on_cuda = self.device.type == "cuda"
+        self.backend = backend or ("triton" if on_cuda else "torch")
+        self.cuda_graphs = (
+            (on_cuda and self.backend == "triton") if cuda_graphs is None else cuda_graphs
+        )
+        if self.cuda_graphs and not on_cuda:
+            raise ValueError("cuda_graphs needs a CUDA device")
+        self.block_size = kv_cache.shape[3]
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_model_len = max_model_len
+        self.max_blocks = -(-max_model_len // self.block_size)
+        self.attention = PagedAttention(kv_cache, model.config.attention_scale, self.backend)
+        self.fused = self.backend == "triton" if fused is None else fused
+        if self.fused:
+            from executor.fused import FusedForward
+
+            self._forward = FusedForward(model)
+        else:
+            self._forward = model
+        self._prompt_of = prompt_of or _prompt_ids
+        self._sampling_of = sampling_of or (lambda r: GREEDY)
+        self._bt_host = np.zeros((max_num_seqs, self.max_blocks), dtype=np.int32)
+        self._bt_dev = torch.zeros((max_num_seqs, self.max_blocks), dtype=torch.int32)
+        self._bt_dev = self._bt_dev.to(self.device)
+        self._bt_flat = self._bt_dev.view(-1)
+        updates = max(4096, 2 * max_num_seqs + 2 * (max_num_batched_tokens // self.block_size))
+        self._s = _Staging(max_num_batched_tokens, max_num_seqs, updates, self.device)
+        self._upd_idx: list[int] = []
+        self._upd_val: list[int] = []
+        self._num_updates = 0
+        self._seqs: dict[int, _Seq] = {}
+        self._free_rows = list(range(max_num_seqs - 1, -1, -1))
+        # per block-table row: token history (prompt + generated), its length, blocks mirrored
+        self._hist = np.zeros((max_num_seqs, max_model_len), dtype=np.int32)
+        self._len = np.zeros(max_num_seqs, dtype=np.int64)
+        self._nblk = np.zeros(max_num_seqs, dtype=np.int64)
+        # the last decode tuple seen, and its rows / ids: the event scheduler hands out the same
+        # tuple object while the decode set is unchanged, so steady decoding skips a Python loop
+        self._dec_key: tuple[Request, ...] | None = None
+        self._dec_rows = np.zeros(0, dtype=np.int64)
+        self._dec_rids: list[int] = []
+        self._num_sampled = 0  # sequences with non-greedy sampling parameters
+        sizes = sorted({s for s in graph_batch_sizes if s <= max_num_seqs})
+        if not sizes or sizes[-1] < max_num_seqs:
+            sizes.append(max_num_seqs)
+        self.graph_batch_sizes = tuple(sizes)
+        self.pad_decodes = pad_decodes or self.cuda_graphs
+        self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, torch.Tensor]]] = {}
+        self._pool = None
+
+    # -- sequences -------------------------------------------------------------------------------
+    def start(
+        self,
+        request: Request,
+        prompt_ids: Sequence[int] | None = None,
+        generated: Sequence[int] = (),
+        params: SamplingParams | None = None,
+    ) -> None:
+        """Register ``request``'s token history (``execute`` does it on a request's first chunk,
+        from ``prompt_of``/``sampling_of``; the profiler registers synthetic ones)."""
+        rid = request.request_id
+        assert rid not in self._seqs, f"request {rid} already started"
+        prompt = list(self._prompt_of(request) if prompt_ids is None else prompt_ids)
+        if len(prompt) != request.num_prompt_tokens:
+            raise ValueError(
+                f"request {rid}: {len(prompt)} prompt ids for {request.num_prompt_tokens} tokens"
+            )
+        params = params or self._sampling_of(request)
+        self._seqs[rid] = _Seq(prompt + list(generated), len(prompt), params)
+        self._num_sampled += not params.greedy
+
+    def _tokens(self, s: _Seq) -> list[int]:
+        if s.row < 0:
+            return s.tokens
+        return self._hist[s.row, : self._len[s.row]].tolist()
+
+    def generated(self, request: Request) -> list[int]:
+        """Tokens ``request`` has generated so far (a copy)."""
+        s = self._seqs[request.request_id]
+        return self._tokens(s)[s.num_prompt :]
+
+    def unfinished(self) -> dict[int, list[int]]:
+        """Generated tokens of every request the runner still holds, by request id."""
+        return {rid: self._tokens(s)[s.num_prompt :] for rid, s in self._seqs.items()}
+
+    def release(self, request: Request) -> list[int]:
+        """Forget a finished request; returns its generated tokens."""
+        s = self._seqs.pop(request.request_id)
+        self._free_row(s)
+        self._num_sampled -= not s.params.greedy
+        return s.tokens[s.num_prompt :]
+
+    def reset(self) -> None:
+        """Forget every request (a new run); captured graphs are kept."""
+        for s in self._seqs.values():
+            self._free_row(s)
+        self._seqs.clear()
+        self._num_sampled = 0
+        self._dec_key = None
+        assert len(self._free_rows) == self.max_num_seqs
+
+    @property
+    def num_sequences(self) -> int:
+        return len(self._seqs)
+
+    def append_tokens(self, requests: Sequence[Request], tokens: Sequence[int]) -> None:
+        """Append ``tokens[i]`` to ``requests[i]``'s history (``commit`` does it for sampled
+        tokens, vectorised; a check forces tokens of its own this way)."""
+        for r, t in zip(requests, tokens):
+            s = self._seqs[r.request_id]
+            if s.row < 0:
+                s.tokens.append(t)
+            else:
+                self._hist[s.row, self._len[s.row]] = t
+                self._len[s.row] += 1
+
+    def _take_row(self, s: _Seq) -> int:
+        """Give ``s`` a block-table row; its history moves into the row arrays."""
+        row = self._free_rows.pop()
+        n = len(s.tokens)
+        assert n <= self.max_model_len, f"{n} tokens exceed max_model_len {self.max_model_len}"
+        self._hist[row, :n] = s.tokens
+        self._len[row] = n
+        self._nblk[row] = 0
+        s.row, s.tokens = row, None
+        return row
+
+    def _free_row(self, s: _Seq) -> None:
+        """Give the row back (preempted or finished); the history moves back into ``s``."""
+        if s.row >= 0:
+            row = s.row
+            s.tokens = self._hist[row, : self._len[row]].tolist()
+            self._free_rows.append(row)
+            s.row = -1
+            self._dec_key = None  # the cached decode rows may name this row
+
+    def _sync_row(self, row: int, table: Sequence[int]) -> None:
+        """Mirror the blocks appended to ``row``'s table since the last step."""
+        k, n = int(self._nblk[row]), len(table)
+        assert k < n <= self.max_blocks, f"block table of {n} blocks (mirrored {k})"
+        new = table[k:n]
+        self._bt_host[row, k:n] = new
+        base = row * self.max_blocks
+        self._upd_idx.extend(range(base + k, base + n))
+        self._upd_val.extend(new)
+        self._nblk[row] = n
+
+    # -- one step --------------------------------------------------------------------------------
+    @torch.no_grad()
+    def execute(
+        self, plan: StepPlan, blocks_of: BlocksOf, commit: bool = True, all_logits: bool = False
+    ) -> StepOutput:
+        """Run ``plan``'s tokens through the model; sample a token for each emitting request.
+
+        Args:
+            plan: the scheduler's plan (not yet passed to ``update``).
+            blocks_of: each request's block table (e.g. ``scheduler.kv.blocks_of``).
+            commit: append the tokens to the requests' histories (the profiler repeats a step
+                without committing).
+            all_logits: also return fp32 logits of every token (eager path; for checks).
+        """
+        for r in plan.preempted:
+            s = self._seqs.get(r.request_id)
+            if s is not None:
+                self._free_row(s)
+        if plan.is_empty:
+            return StepOutput([], [], [])
+        nd = len(plan.decodes)
+        bucket = 0
+        if not plan.prefills and not all_logits and self.pad_decodes:
+            bucket = self._bucket(nd)
+            if bucket and self.cuda_graphs and bucket not in self._graphs:
+                self._capture(bucket)
+        emitters, rids, rows_e, num_tokens, num_seqs = self._prepare(plan, blocks_of, bucket)
+        self._s.upload()
+        self._apply_updates()
+        m = len(emitters)
+        logits_all = None
+        if bucket:
+            logits, greedy = self._decode_step(bucket)
+        else:
+            logits, greedy, logits_all = self._eager(nd, num_tokens, num_seqs, m, all_logits)
+        if m == 0:
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)  # the step ends on the device
+            return StepOutput([], [], [], None, logits_all)
+        tokens = self._sample(rows_e, emitters, logits, greedy, m)
+        if commit:
+            self._hist[rows_e, self._len[rows_e]] = tokens
+            self._len[rows_e] += 1
+        return StepOutput(emitters, tokens.tolist(), rids, logits[:m], logits_all)
+
+    def _bucket(self, n: int) -> int:
+        for b in self.graph_batch_sizes:
+            if b >= n:
+                return b
+        return 0
+
+    def _prepare(self, plan: StepPlan, blocks_of: BlocksOf, bucket: int):  # noqa: ANN202
+        """Fill the host staging buffer. Returns the emitting requests, their ids and rows, and
+        the step's token and sequence counts."""
+        self._upd_idx.clear()
+        self._upd_val.clear()
+        h = self._s.np
+        nd = len(plan.decodes)
+        rows_d = self._decode_rows(plan.decodes, blocks_of) if nd else self._dec_rows[:0]
+        chunk = self._chunks(plan.prefills, blocks_of) if plan.prefills else None
+        num_tokens, num_seqs = nd, nd
+        ctx, cu, logit = h["ctx"], h["cu"], h["logit"]
+        cu[0] = 0
+        cu[1 : nd + 1] = np.arange(1, nd + 1)
+        logit[:nd] = np.arange(nd)
+        ctx[:nd] = h["pos"][:nd] + 1
+        h["rows"][:nd] = rows_d
+        emitters, rids, rows_e = list(plan.decodes), self._dec_rids if nd else [], rows_d
+        if chunk is not None:
+            ids, pos, rows_p, q, ends, emit = chunk
+            num_tokens = nd + len(ids)
+            num_seqs = nd + len(rows_p)
+            h["ids"][nd:num_tokens] = ids
+            h["pos"][nd:num_tokens] = pos
+            ctx[nd:num_seqs] = pos[ends - 1] + 1
+            cu[nd + 1 : num_seqs + 1] = nd + ends
+            h["rows"][nd:num_seqs] = rows_p
+            e = [i for i, x in enumerate(emit) if x]
+            logit[nd : nd + len(e)] = nd + ends[e] - 1
+            emitters += [plan.prefills[i][0] for i in e]
+            rids = rids + [plan.prefills[i][0].request_id for i in e]
+            rows_e = np.concatenate([rows_d, rows_p[e]])
+        assert num_tokens <= self.max_num_batched_tokens and num_seqs <= self.max_num_seqs
+        p = h["pos"][:num_tokens]
+        tok_rows = rows_d if chunk is None else np.concatenate([rows_d, np.repeat(rows_p, q)])
+        bs = self.block_size
+        h["slot"][:num_tokens] = self._bt_host[tok_rows, p // bs] * bs + p % bs
+        if bucket > nd:
+            self._pad(nd, bucket)
+        self._stage_updates()
+        return emitters, rids, rows_e, num_tokens, num_seqs
+
+    def _decode_rows(self, decodes: tuple[Request, ...], blocks_of: BlocksOf) -> np.ndarray:
+        """Stage the decodes' ids and positions; returns their rows."""
+        if decodes is not self._dec_key:
+            seqs = self._seqs
+            rows = [seqs[r.request_id].row for r in decodes]
+            if min(rows) < 0:  # synthetic decodes (the profiler's) start without a row
+                rows = [
+                    s.row if s.row >= 0 else self._take_row(s)
+                    for s in map(seqs.get, (r.request_id for r in decodes))
+                ]
+            self._dec_key = decodes
+            self._dec_rows = np.array(rows, dtype=np.int64)
+            self._dec_rids = [r.request_id for r in decodes]
+        rows = self._dec_rows
+        pos = self._len[rows] - 1
+        # a decode whose position is past its mirrored blocks got a block this step
+        for i in np.flatnonzero(self._nblk[rows] * self.block_size <= pos).tolist():
+            self._sync_row(int(rows[i]), blocks_of(decodes[i]))
+        n = len(decodes)
+        self._s.np["ids"][:n] = self._hist[rows, pos]
+        self._s.np["pos"][:n] = pos
+        return rows
+
+    def _chunks(self, prefills, blocks_of: BlocksOf):  # noqa: ANN001, ANN202
+        """The chunks' token ids, positions, rows, lengths, cumulative ends, emit flags."""
+        seqs, hist = self._seqs, self._hist
+        ids, starts, q_lens, rows, emit = [], [], [], [], []
+        for r, n in prefills:
+            s = seqs.get(r.request_id)
+            if s is None:
+                self.start(r)
+                s = seqs[r.request_id]
+            row = s.row if s.row >= 0 else self._take_row(s)
+            table = blocks_of(r)
+            if len(table) != self._nblk[row]:
+                self._sync_row(row, table)
+            c = r.num_computed_tokens
+            length = int(self._len[row])
+            assert length == r.num_tokens, f"request {r.request_id}: history out of step"
+            ids.append(hist[row, c : c + n])
+            starts.append(c)
+            q_lens.append(n)
+            rows.append(row)
+            emit.append(c + n == length)  # the chunk ends its prefill: it emits a token
+        q = np.array(q_lens, dtype=np.int64)
+        ends = np.cumsum(q)
+        pos = np.repeat(np.array(starts, dtype=np.int64) - (ends - q), q) + np.arange(ends[-1])
+        return np.concatenate(ids), pos, np.array(rows, dtype=np.int64), q, ends, emit
+
+    def _pad(self, lo: int, hi: int) -> None:
+        h = self._s.np
+        h["ids"][lo:hi] = 0
+        h["pos"][lo:hi] = 0
+        h["slot"][lo:hi] = -1
+        h["ctx"][lo:hi] = 0
+        h["rows"][lo:hi] = 0
+
+    def _stage_updates(self) -> None:
+        k = len(self._upd_idx)
+        self._num_updates = k
+        if 0 < k <= self._s.max_updates:
+            self._s.np["upd_idx"][:k] = self._upd_idx
+            self._s.np["upd_val"][:k] = self._upd_val
+
+    def _apply_updates(self) -> None:
+        """Write this step's new block-table entries into the device table."""
+        k = self._num_updates
+        if k == 0:
+            return
+        if k <= self._s.max_updates:
+            idx, val = self._s.t["upd_idx"][:k], self._s.t["upd_val"][:k]
+        else:  # a step adopting unusually many blocks: a separate copy
+            idx = torch.tensor(self._upd_idx, dtype=torch.int64).to(self.device)
+            val = torch.tensor(self._upd_val, dtype=torch.int32).to(self.device)
+        self._bt_flat[idx] = val
+
+    def _eager(self, nd: int, num_tokens: int, num_seqs: int, m: int, all_logits: bool):  # noqa: ANN202
+        t, att = self._s.t, self.attention
+        block_tables = self._bt_dev.index_select(0, t["rows"][:num_seqs])
+        if nd == num_seqs:  # decode-only
+            att.set_step(
+                t["slot"][:nd],
+                block_tables,
+                t["ctx"][:nd],
+                None,
+                decode_num_splits(nd, att.num_kv_heads, self.max_model_len, self.device),
+            )
+        else:
+            att.set_step(
+                t["slot"][:num_tokens], block_tables, t["ctx"][:num_seqs], t["cu"][: num_seqs + 1]
+            )
+        hidden = self._forward(t["ids"][:num_tokens], t["pos"][:num_tokens], att)
+        logits_all = self.model.compute_logits(hidden) if all_logits else None
+        if m == 0:
+            return None, None, logits_all
+        rows = t["logit"][:m]
+        if logits_all is not None:
+            logits = logits_all.index_select(0, rows)
+        else:
+            logits = F.linear(hidden.index_select(0, rows), self.model.lm_head_weight)
+        return logits, logits.argmax(-1), logits_all
+
+    def _sample(self, rows: np.ndarray, emitters, logits, greedy, m: int) -> np.ndarray:  # noqa: ANN001
+        """The emitters' tokens as a host int32 array (the step's one device-to-host read)."""
+        if not self._num_sampled:
+            return greedy[:m].to(torch.int32).cpu().numpy()
+        seqs = [self._seqs[r.request_id] for r in emitters]
+        steps = (self._len[rows] - np.array([s.num_prompt for s in seqs])).tolist()
+        batch = SamplingBatch.from_params([s.params for s in seqs], steps, self.device)
+        return sample(logits[:m].float(), batch).to(torch.int32).cpu().numpy()
+
+    # -- decode-only steps: CUDA graphs ------------------------------------------------------------
+    def _decode_forward(self, b: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """A padded decode step of ``b`` rows on the persistent buffers (what a graph captures)."""
+        t, att = self._s.t, self.attention
+        block_tables = self._bt_dev.index_select(0, t["rows"][:b])
+        splits = decode_num_splits(b, att.num_kv_heads, self.max_model_len, self.device)
+        att.set_step(t["slot"][:b], block_tables, t["ctx"][:b], None, splits)
+        hidden = self._forward(t["ids"][:b], t["pos"][:b], att)
+        logits = F.linear(hidden, self.model.lm_head_weight)
+        return logits, logits.argmax(-1)
+
+    def _decode_step(self, b: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if not self.cuda_graphs:
+            return self._decode_forward(b)
+        graph, out = self._graphs[b]
+        graph.replay()
+        return out
+
+    def decode_graph(self, b: int) -> torch.cuda.CUDAGraph | None:
+        """The captured decode graph of bucket ``b`` (None if not captured), e.g. to time it."""
+        entry = self._graphs.get(b)
+        return None if entry is None else entry[0]
+
+    @torch.no_grad()
+    def capture_graphs(self, sizes: Sequence[int] | None = None) -> None:
+        """Capture the decode graphs of ``sizes`` (default: every bucket), largest first so the
+        smaller ones reuse its memory. Without it, each bucket is captured on first use."""
+        if not self.cuda_graphs:
+            return
+        for b in sorted(sizes or self.graph_batch_sizes, reverse=True):
+            if b not in self._graphs:
+                self._capture(b)
+
+    def _capture(self, b: int) -> None:
+        self._pad(0, b)  # capture on padding rows: no KV is written, nothing is read
+        self._s.upload()
+        self._decode_forward(b)  # compiles the kernels outside the capture
+        torch.cuda.synchronize(self.device)
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool):
+            out = self._decode_forward(b)
+        torch.cuda.synchronize(self.device)
+        self._graphs[b] = (graph, out)
+
+
+def _prompt_ids(request: Request) -> Sequence[int]:
+    if request.prompt_token_ids is None:
+        raise ValueError(
+            f"request {request.request_id} has no prompt_token_ids (give the runner a prompt_of)"
+        )
+    return request.prompt_token_ids
