@@ -3,13 +3,26 @@
 from __future__ import annotations
 
 from horizon.registry import Registry
+from horizon.model_shape import ModelShape
 from simulator.cost_model import CostModel, RooflineCostModel
+from simulator.fitted_cost_model import FittedCostModel
+from simulator.gpu import GpuSpec
 
 
 def _builtin() -> Registry[CostModel]:
     reg: Registry[CostModel] = Registry("cost model")
     reg.register("roofline", RooflineCostModel)
+    reg.register("fitted", _fitted)
     return reg
+
+
+def _fitted(shape: ModelShape, gpu: GpuSpec, path: str) -> CostModel:
+    """``fitted``: a calibration CSV measured on ``gpu`` for ``shape`` (checked)."""
+    model = FittedCostModel.from_csv(path, shape.name)
+    measured = str(model.meta.get("gpu", ""))
+    if measured and gpu.name not in measured:
+        raise ValueError(f"{path} was measured on {measured}, not {gpu.name}")
+    return model
 
 
 COST_MODELS = _builtin()  # read-only after import: a table of constructors, no run state
