@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from horizon.registry import Registry
 from horizon.model_shape import ModelShape
+from horizon.registry import Registry
 from simulator.cost_model import CostModel, RooflineCostModel
 from simulator.fitted_cost_model import FittedCostModel
 from simulator.gpu import GpuSpec
