@@ -107,3 +107,12 @@ def test_reads_tables_split_into_many_row_groups(tmp_path):
         pq.write_table(pq.read_table(p), p, row_group_size=97)
     assert pq.ParquetFile(paths.requests).num_row_groups > 1
     _assert_same(rec, read_records(tmp_path))
+
+
+def test_npz_round_trip_keeps_every_field(tmp_path):
+    from horizon.metrics.records import RunRecords
+
+    rec = synthetic_records(300, 20, seed=5)
+    rec.save_npz(str(tmp_path / "r.npz"))
+    back = RunRecords.load_npz(str(tmp_path / "r.npz"))
+    assert back.digest() == rec.digest()

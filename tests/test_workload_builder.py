@@ -408,3 +408,27 @@ def test_held_out_and_train_workloads_draw_from_disjoint_conversations(real):
     assert not (out["train"] & held)
     with pytest.raises(ValueError, match="conversations"):
         WorkloadConfig(conversations="test")
+
+
+def test_requests_file_round_trip(real, tmp_path):
+    from horizon.workload.requests_file import load_requests, save_requests
+
+    wl = build_workload(WorkloadConfig(num_requests=40, seed=2, slo_ttft=1.0, slo_itl=0.05), real)
+    save_requests(wl.new_requests(), tmp_path / "r.json")
+    back = load_requests(tmp_path / "r.json")
+    fields = (
+        "request_id",
+        "arrival_time",
+        "num_prompt_tokens",
+        "max_output_tokens",
+        "true_output_tokens",
+        "prompt_token_ids",
+        "conversation_id",
+        "turn_index",
+        "slo",
+    )
+    for a, b in zip(wl.requests, back, strict=True):
+        assert all(getattr(a, f) == getattr(b, f) for f in fields)
+    (tmp_path / "bad.json").write_text('{"format": "other"}')
+    with pytest.raises(ValueError, match="horizon-requests"):
+        load_requests(tmp_path / "bad.json")

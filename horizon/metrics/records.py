@@ -87,6 +87,24 @@ class RunRecords:
                 h.update(repr(v).encode())
         return h.hexdigest()
 
+    def save_npz(self, path: str) -> None:
+        """Every field into one ``.npz`` (numpy only: what a GPU machine without pyarrow
+        writes; ``experiments.records_io`` turns it into the Parquet run layout)."""
+        arrays = {f.name: getattr(self, f.name) for f in fields(self)}
+        arrays["reject_reason"] = np.array(self.reject_reason, dtype=str)
+        arrays["num_kv_blocks"] = np.array(self.num_kv_blocks)
+        arrays["block_size"] = np.array(self.block_size)
+        np.savez(path, **arrays)
+
+    @classmethod
+    def load_npz(cls, path: str) -> RunRecords:
+        with np.load(path, allow_pickle=False) as z:
+            kw = {f.name: z[f.name] for f in fields(cls)}
+        kw["reject_reason"] = [str(s) for s in kw["reject_reason"]]
+        kw["num_kv_blocks"] = int(kw["num_kv_blocks"])
+        kw["block_size"] = int(kw["block_size"])
+        return cls(**kw)
+
     def check(self) -> None:
         """Assert the records' own invariants (used by tests and after every run)."""
         n = self.num_requests
