@@ -36,16 +36,11 @@ import torch
 from executor.kernels import allocate_kv_cache
 from executor.model import CausalLM, ModelConfig
 from executor.runner import GRAPH_BATCH_SIZES, ModelRunner
-from horizon.plan import StepPlan
+from horizon.plan import PLAN_SHAPE_FIELDS, StepPlan
 from horizon.request import Request
 
 COLUMNS = (
-    "num_prefill_tokens",
-    "num_decodes",
-    "decode_context_tokens",
-    "prefill_context_tokens",
-    "prefill_attention_pairs",
-    "num_prefills",
+    *PLAN_SHAPE_FIELDS,
     "step_s",
     "step_s_p10",
     "step_s_p90",

@@ -61,6 +61,30 @@ class StepPlan:
         return not self.decodes and not self.prefills
 
 
+# What a step costs depends on: the fields a cost model reads and a calibration file records,
+# in this order (``plan_shape`` gives their values).
+PLAN_SHAPE_FIELDS = (
+    "num_prefill_tokens",
+    "num_decodes",
+    "decode_context_tokens",
+    "prefill_context_tokens",
+    "prefill_attention_pairs",
+    "num_prefills",
+)
+
+
+def plan_shape(plan: StepPlan) -> tuple[int, int, int, int, int, int]:
+    """The values of ``PLAN_SHAPE_FIELDS`` for ``plan``."""
+    return (
+        plan.num_prefill_tokens,
+        len(plan.decodes),
+        plan.decode_context_tokens,
+        plan.prefill_context_tokens,
+        plan.prefill_attention_pairs,
+        len(plan.prefills),
+    )
+
+
 @dataclass(frozen=True, eq=False, slots=True)
 class StepResult:
     """What a backend returns for a plan.

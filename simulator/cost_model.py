@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from horizon.model_shape import ModelShape
-from horizon.plan import StepPlan
+from horizon.plan import StepPlan, plan_shape
 from simulator.gpu import GpuSpec
 
 
@@ -52,14 +52,7 @@ class RooflineCostModel:
         )
 
     def step_time(self, plan: StepPlan) -> float:
-        return self.time_for(
-            plan.num_prefill_tokens,
-            len(plan.decodes),
-            plan.decode_context_tokens,
-            plan.prefill_context_tokens,
-            plan.prefill_attention_pairs,
-            len(plan.prefills),
-        )
+        return self.time_for(*plan_shape(plan))
 
     def time_for(
         self,

@@ -24,19 +24,11 @@ from pathlib import Path
 import numpy as np
 
 from horizon.model_shape import ModelShape, model_shape
-from horizon.plan import StepPlan
+from horizon.plan import PLAN_SHAPE_FIELDS, StepPlan, plan_shape
 from simulator.cost_model import RooflineCostModel
 from simulator.gpu import gpu_spec
 
-_COLUMNS = (
-    "num_prefill_tokens",
-    "num_decodes",
-    "decode_context_tokens",
-    "prefill_context_tokens",
-    "prefill_attention_pairs",
-    "num_prefills",
-    "step_s",
-)
+_COLUMNS = (*PLAN_SHAPE_FIELDS, "step_s")
 
 
 def _features(roof: RooflineCostModel, row: np.ndarray, prefill: bool) -> np.ndarray:
@@ -91,14 +83,7 @@ class FittedCostModel:
         return cls(str(path), model_shape(name), coefs[0], coefs[1], meta)
 
     def step_time(self, plan: StepPlan) -> float:
-        return self.time_for(
-            plan.num_prefill_tokens,
-            len(plan.decodes),
-            plan.decode_context_tokens,
-            plan.prefill_context_tokens,
-            plan.prefill_attention_pairs,
-            len(plan.prefills),
-        )
+        return self.time_for(*plan_shape(plan))
 
     def time_for(
         self,
