@@ -95,6 +95,7 @@ class HorizonPolicy(Policy):
 
     def refresh(self, view: KVView, now: float) -> None:
         self.num_refreshes += 1
+        self._half_block = view.block_size / 2
         self._waiting_curve = None
         use = np.zeros_like(self._tau)
         for r in view.running:
