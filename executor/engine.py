@@ -37,6 +37,7 @@ from horizon.policies.registry import make_policy
 from horizon.request import Request
 from horizon.scheduler import Scheduler
 from horizon.scheduler_config import SchedulerConfig
+from horizon.trace_stop import TraceStop
 
 STOP_RULES = ("trace", "eos")
 
@@ -190,8 +191,7 @@ class Engine:
             sampling_of=self._sampling_of,
         )
         self._eos = frozenset(c.eos_token_ids)
-        self._finish_at: dict[int, int] = {}  # trace stop: request id -> step of its last token
-        self._calendar: dict[int, list[Request]] = {}  # step -> requests due to finish then
+        self._trace_stop = TraceStop()
         self.outputs: dict[int, list[int]] = {}
         self.scheduler: Scheduler | None = None  # the latest run's
 
@@ -246,7 +246,7 @@ class Engine:
     def _new_run(self, policy: Policy | str) -> Scheduler:
         self.runner.reset()
         self.outputs = {}
-        self._finish_at, self._calendar = {}, {}
+        self._trace_stop = TraceStop()
         policy = make_policy(policy) if isinstance(policy, str) else policy
         self.scheduler = Scheduler(self.config.scheduler_config(self.num_blocks), policy)
         return self.scheduler
@@ -300,35 +300,13 @@ class Engine:
         t0 = time.perf_counter()
         out = self.runner.execute(plan, self.scheduler.kv.blocks_of)
         if self.config.stop == "trace":
-            finished = self._finish_trace(plan, out.requests[len(plan.decodes) :])
+            finished = self._trace_stop.finished(plan)
         else:
             finished = self._finish_eos(out.requests, out.tokens)
         for r in finished:
             self.outputs[r.request_id] = self.runner.release(r)
         token_ids = dict(zip(out.request_ids, out.tokens))
         return StepResult(time.perf_counter() - t0, tuple(finished), token_ids)
-
-    def _finish_trace(self, plan: StepPlan, entered: Sequence[Request]) -> list[Request]:
-        """Requests emitting their ``true_output_tokens``-th token this step. A request that ends
-        its prefill with ``left`` tokens to go finishes ``left`` steps later (running decodes
-        emit every step) unless it is preempted first, so the finish step is kept in a
-        calendar instead of checking every decode every step (as ``simulator.SimBackend``)."""
-        t, finish_at, calendar = plan.step, self._finish_at, self._calendar
-        for r in plan.preempted:
-            finish_at.pop(r.request_id, None)
-        finished = []
-        for r in entered:  # chunks that ended a prefill (counters are pre-update)
-            left = r.true_output_tokens - r.num_output_tokens - 1
-            if left == 0:
-                finished.append(r)
-            else:
-                finish_at[r.request_id] = t + left
-                calendar.setdefault(t + left, []).append(r)
-        for r in calendar.pop(t, ()):
-            if finish_at.get(r.request_id) == t:
-                del finish_at[r.request_id]
-                finished.append(r)
-        return finished
 
     def _finish_eos(self, emitted: Sequence[Request], tokens: Sequence[int]) -> list[Request]:
         eos = self._eos
