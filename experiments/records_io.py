@@ -23,10 +23,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from horizon.metrics.records import RunRecords
+from horizon.metrics.records import STEP_PLAN_COLUMNS, RunRecords
 
 FORMAT = "horizon-run-records"
-VERSION = 2
+VERSION = 3
+READABLE_VERSIONS = (2, 3)  # v2 lacks STEP_PLAN_COLUMNS: they load as -1 (unknown)
 
 REQUEST_COLUMNS = (
     "request_id",
@@ -53,6 +54,7 @@ STEP_COLUMNS = (
     "num_waiting",
     "kv_used_blocks",
     "token_budget",
+    *STEP_PLAN_COLUMNS,
 )
 _ARRAYS = (*REQUEST_COLUMNS, *STEP_COLUMNS, "token_times", "token_offsets")
 _SCALARS = ("num_kv_blocks", "block_size")
@@ -122,16 +124,20 @@ def read_records(directory: str | Path) -> RunRecords:
     """
     paths = _paths(Path(directory))
     meta = json.loads(paths.meta.read_text())
-    if meta.get("format") != FORMAT or meta.get("version") != VERSION:
+    if meta.get("format") != FORMAT or meta.get("version") not in READABLE_VERSIONS:
         raise ValueError(
-            f"{paths.meta}: expected format {FORMAT!r} version {VERSION}, "
+            f"{paths.meta}: expected format {FORMAT!r} version in {READABLE_VERSIONS}, "
             f"got {meta.get('format')!r} version {meta.get('version')!r}"
         )
     dtypes = meta["dtypes"]
     req = pq.read_table(paths.requests)
     steps = pq.read_table(paths.steps)
     cols = {name: _column(req, name, dtypes[name]) for name in REQUEST_COLUMNS}
-    cols.update({name: _column(steps, name, dtypes[name]) for name in STEP_COLUMNS})
+    for name in STEP_COLUMNS:
+        if name in dtypes:
+            cols[name] = _column(steps, name, dtypes[name])
+        else:  # an older file
+            cols[name] = np.full(steps.num_rows, -1, dtype=np.int64)
     lists = req.column("token_times")
     lengths = pc.list_value_length(lists).to_numpy() if lists.num_chunks else np.empty(0)
     offsets = np.zeros(len(lengths) + 1, dtype=np.int64)

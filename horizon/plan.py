@@ -31,6 +31,8 @@ class StepPlan:
         num_running / num_waiting: queue sizes after this plan's admissions.
         kv_used_blocks: blocks in use after this plan's allocations.
         token_budget: the step's token budget.
+        num_refreshed: running requests whose estimates the policy refreshed while making this
+            plan (0 on steps without a refresh): host work a step's measured time includes.
     """
 
     step: int
@@ -47,6 +49,7 @@ class StepPlan:
     num_waiting: int = 0
     kv_used_blocks: int = 0
     token_budget: int = 0
+    num_refreshed: int = 0
 
     @property
     def num_decode_tokens(self) -> int:

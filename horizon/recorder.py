@@ -54,7 +54,7 @@ class Recorder:
         self.num_kv_blocks = num_kv_blocks
         self.block_size = block_size
         self._recs: dict[int, _Rec] = {}
-        self._steps: list[tuple[float, float, int, int, int, int, int, int]] = []
+        self._steps: list[tuple] = []
 
     def arrive(self, req: Request) -> None:
         if req.request_id in self._recs:
@@ -122,13 +122,35 @@ class Recorder:
         waiting: int,
         kv_used: int,
         budget: int,
+        num_prefills: int = -1,
+        decode_context: int = -1,
+        prefill_context: int = -1,
+        attention_pairs: int = -1,
+        refreshed: int = -1,
     ) -> None:
-        self._steps.append((start, end, prefill, decode, running, waiting, kv_used, budget))
+        """One step; the last five are the rest of its plan (-1: not known)."""
+        self._steps.append(
+            (
+                start,
+                end,
+                prefill,
+                decode,
+                running,
+                waiting,
+                kv_used,
+                budget,
+                num_prefills,
+                decode_context,
+                prefill_context,
+                attention_pairs,
+                refreshed,
+            )
+        )
 
     # -- output --------------------------------------------------------------------------------
     def build(self) -> RunRecords:
         recs = sorted(self._recs.values(), key=lambda r: r.req.request_id)
-        steps = np.array(self._steps, dtype=np.float64).reshape(-1, 8)
+        steps = np.array(self._steps, dtype=np.float64).reshape(-1, 13)
         step_end = steps[:, 1].copy()
         counts, starts = [], []
         for r in recs:
@@ -177,6 +199,11 @@ class Recorder:
             num_waiting=steps[:, 5].astype(i64),
             kv_used_blocks=steps[:, 6].astype(i64),
             token_budget=steps[:, 7].astype(i64),
+            num_prefills=steps[:, 8].astype(i64),
+            decode_context_tokens=steps[:, 9].astype(i64),
+            prefill_context_tokens=steps[:, 10].astype(i64),
+            prefill_attention_pairs=steps[:, 11].astype(i64),
+            num_refreshed=steps[:, 12].astype(i64),
             num_kv_blocks=self.num_kv_blocks,
             block_size=self.block_size,
         )

@@ -127,7 +127,9 @@ class Scheduler:
         self._now = now
         preempted: list[Request] = []
         every = self.policy.refresh_every
+        refreshed = 0
         if every and t % every == 0 and self.running:
+            refreshed = len(self.running)
             self._refresh(now)
         self._grow_decodes(t, preempted)
         budget = self.config.max_num_batched_tokens - (
@@ -163,6 +165,7 @@ class Scheduler:
             num_waiting=len(self._waiting),
             kv_used_blocks=self.pool.num_used,
             token_budget=self.config.max_num_batched_tokens,
+            num_refreshed=refreshed,
         )
 
     def _refresh(self, now: float) -> None:
@@ -342,6 +345,11 @@ class Scheduler:
             len(self._waiting),
             self.pool.num_used,
             plan.token_budget,
+            len(plan.prefills),
+            plan.decode_context_tokens,
+            plan.prefill_context_tokens,
+            plan.prefill_attention_pairs,
+            plan.num_refreshed,
         )
 
     def _enter_decode(self, r: Request) -> None:

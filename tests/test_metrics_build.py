@@ -11,6 +11,7 @@ from horizon.metrics.records import (
     STATUS_FINISHED,
     STATUS_REJECTED,
     STATUS_UNFINISHED,
+    STEP_PLAN_COLUMNS,
     RunRecords,
 )
 
@@ -92,6 +93,7 @@ def make_records(
         num_waiting=np.array([x.waiting for x in s], dtype=np.int32),
         kv_used_blocks=np.array([x.kv_used for x in s], dtype=np.int32),
         token_budget=np.array([x.budget for x in s], dtype=np.int32),
+        **{c: np.full(len(s), -1, dtype=np.int64) for c in STEP_PLAN_COLUMNS},
         num_kv_blocks=num_kv_blocks,
         block_size=block_size,
     )
@@ -154,6 +156,7 @@ def synthetic_records(num_requests: int, mean_tokens: int, seed: int = 0) -> Run
         num_waiting=rng.integers(0, 5, num_steps).astype(np.int32),
         kv_used_blocks=rng.integers(0, 1000, num_steps).astype(np.int32),
         token_budget=np.full(num_steps, 512, dtype=np.int32),
+        **{c: rng.integers(0, 9, num_steps) for c in STEP_PLAN_COLUMNS},
         num_kv_blocks=1000,
         block_size=16,
     )

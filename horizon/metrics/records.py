@@ -20,7 +20,12 @@ Token times are a CSR pair: the times of request i's output tokens are
 ``token_times[token_offsets[i]:token_offsets[i + 1]]`` (seconds, non-decreasing).
 
 Per step (arrays of length S): step_start, step_end, prefill_tokens, decode_tokens,
-num_running, num_waiting (after the step's admissions), kv_used_blocks, token_budget.
+num_running, num_waiting (after the step's admissions), kv_used_blocks, token_budget, and the
+rest of the step's plan shape (``horizon.plan.PLAN_SHAPE_FIELDS``): num_prefills (chunks),
+decode_context_tokens, prefill_context_tokens, prefill_attention_pairs, and num_refreshed (the
+policy's host work, ``StepPlan.num_refreshed``) — what a cost model reads, so that a run's
+measured steps can calibrate one. Records written before these columns existed
+load with them at -1 (unknown).
 Scalars: num_kv_blocks, block_size.
 """
 
@@ -34,6 +39,15 @@ import numpy as np
 STATUS_FINISHED = 0
 STATUS_REJECTED = 1
 STATUS_UNFINISHED = 2
+
+# Per-step plan columns beyond prefill_tokens / decode_tokens (added in records v3).
+STEP_PLAN_COLUMNS = (
+    "num_prefills",
+    "decode_context_tokens",
+    "prefill_context_tokens",
+    "prefill_attention_pairs",
+    "num_refreshed",
+)
 
 
 @dataclass(frozen=True, eq=False)
@@ -63,6 +77,11 @@ class RunRecords:
     num_waiting: np.ndarray
     kv_used_blocks: np.ndarray
     token_budget: np.ndarray
+    num_prefills: np.ndarray
+    decode_context_tokens: np.ndarray
+    prefill_context_tokens: np.ndarray
+    prefill_attention_pairs: np.ndarray
+    num_refreshed: np.ndarray
     num_kv_blocks: int
     block_size: int
 
@@ -99,7 +118,10 @@ class RunRecords:
     @classmethod
     def load_npz(cls, path: str) -> RunRecords:
         with np.load(path, allow_pickle=False) as z:
-            kw = {f.name: z[f.name] for f in fields(cls)}
+            kw = {f.name: z[f.name] for f in fields(cls) if f.name in z}
+        steps = len(kw["step_end"])
+        for name in STEP_PLAN_COLUMNS:  # files from before these columns: unknown
+            kw.setdefault(name, np.full(steps, -1, dtype=np.int64))
         kw["reject_reason"] = [str(s) for s in kw["reject_reason"]]
         kw["num_kv_blocks"] = int(kw["num_kv_blocks"])
         kw["block_size"] = int(kw["block_size"])
