@@ -58,6 +58,8 @@ class EngineConfig:
         stop: "trace" (forced to ``true_output_tokens``) or "eos" (see the module docstring).
         attention_backend: "triton" or "torch"; None: triton on CUDA, torch on CPU.
         cuda_graphs: replay decode-only steps from CUDA graphs; None: on CUDA with Triton.
+        mixed_graphs: replay steps with prefill chunks from CUDA graphs too (padded to
+            ``horizon.step_buckets.mixed_token_buckets``); None: with ``cuda_graphs``.
         graph_batch_sizes: decode batch buckets of the graphs.
         seed: run seed of sampling (request ``r`` draws with ``seed * 1_000_003 + r + 1`` when its
             params leave the seed at 0) and of
@@ -75,6 +77,7 @@ class EngineConfig:
     stop: str = "trace"
     attention_backend: str | None = None
     cuda_graphs: bool | None = None
+    mixed_graphs: bool | None = None
     graph_batch_sizes: tuple[int, ...] = GRAPH_BATCH_SIZES
     seed: int = 0
 
@@ -186,6 +189,7 @@ class Engine:
             config.max_model_len,
             backend=config.attention_backend,
             cuda_graphs=config.cuda_graphs,
+            mixed_graphs=config.mixed_graphs,
             graph_batch_sizes=config.graph_batch_sizes,
             prompt_of=self._prompt_of,
             sampling_of=self._sampling_of,
@@ -212,7 +216,8 @@ class Engine:
         return params
 
     def warmup(self) -> None:
-        """Capture every decode graph now rather than on first use (no-op off CUDA graphs)."""
+        """Capture every decode and mixed-step graph now rather than on first use (no-op off CUDA
+        graphs)."""
         self.runner.capture_graphs()
 
     # -- runs ------------------------------------------------------------------------------------

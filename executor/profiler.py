@@ -185,7 +185,8 @@ class StepProfiler:
             "step_s_p90": float(np.percentile(times, 90)),
             "kind": shape.kind,
             "cuda_graph": bool(
-                self.runner.cuda_graphs and not plan.prefills and len(plan.decodes) > 0
+                self.runner.cuda_graphs
+                and (self.runner.mixed_graphs if plan.prefills else len(plan.decodes) > 0)
             ),
         }
 

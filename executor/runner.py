@@ -12,6 +12,14 @@ context lengths, ``cu_q_lens``, block-table rows, logit rows, block-table update
 decode-only step replays a CUDA graph captured on those same views, padded to a bucketed batch
 size with rows of slot ``-1`` and context 0 (which the kernels skip).
 
+A step with prefill chunks ("mixed") replays a graph too, keyed by its token count rounded up to
+a bucket (``mixed_token_buckets``): the flat batch is padded with tokens of slot ``-1`` that
+belong to a padding sequence, and the sequences to ``max_num_seqs + 1`` with padding ones
+(context 0: zeros), so the ragged kernel's grid (a function of those two sizes) is fixed. The
+graph ends at the final hidden states; the logits of the step's emitting rows are computed
+after it. Eagerly, such a step costs the host ~10 launches per layer (7-8 ms on a 24-layer model
+whatever its size); replayed, what the GPU takes.
+
 Block tables: every running request owns a row of a persistent ``[max_num_seqs, max_blocks]``
 device table (and its host mirror). Each step appends the blocks the scheduler gave the request
 since the last step (a decode needs one every ``block_size`` steps), so the copy carries only
@@ -42,8 +50,8 @@ from executor.model import CausalLM
 from executor.sampling import SamplingBatch, SamplingParams, sample
 from horizon.plan import StepPlan
 from horizon.request import Request
+from horizon.step_buckets import GRAPH_BATCH_SIZES, decode_buckets, mixed_token_buckets
 
-GRAPH_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 160, 192, 224, 256)
 GREEDY = SamplingParams()
 
 BlocksOf = Callable[[Request], Sequence[int]]
@@ -129,10 +137,13 @@ class ModelRunner:
         max_num_seqs / max_num_batched_tokens / max_model_len: the scheduler's limits; a plan
             beyond them is an AssertionError.
         backend: attention kernels, "triton" (default on CUDA) or "torch" (default on CPU).
-        cuda_graphs: replay decode-only steps from CUDA graphs (default: on CUDA with Triton).
+        cuda_graphs: replay decode-only and mixed steps from CUDA graphs (default: on CUDA with
+            Triton).
         graph_batch_sizes: buckets a decode batch is padded to (graphs, or ``pad_decodes``).
         pad_decodes: pad eager decode-only steps to the buckets too (tests the graphs' padding
             without a GPU).
+        pad_mixed: pad eager mixed steps as their graphs do (same purpose).
+        mixed_graphs: replay mixed steps from graphs too (default: with ``cuda_graphs``).
         fused: run the model through ``executor.fused.FusedForward`` (Triton kernels for
             RMSNorm, RoPE, SiLU; default: with the Triton backend), else ``model.forward``.
         prompt_of / sampling_of: a new request's prompt ids and sampling parameters (default:
@@ -158,6 +169,8 @@ class ModelRunner:
         cuda_graphs: bool | None = None,
         graph_batch_sizes: Sequence[int] = GRAPH_BATCH_SIZES,
         pad_decodes: bool = False,
+        pad_mixed: bool = False,
+        mixed_graphs: bool | None = None,
         prompt_of: Callable[[Request], Sequence[int]] | None = None,
         sampling_of: Callable[[Request], SamplingParams] | None = None,
         fused: bool | None = None,
@@ -191,7 +204,7 @@ class ModelRunner:
         self._bt_dev = self._bt_dev.to(self.device)
         self._bt_flat = self._bt_dev.view(-1)
         updates = max(4096, 2 * max_num_seqs + 2 * (max_num_batched_tokens // self.block_size))
-        self._s = _Staging(max_num_batched_tokens, max_num_seqs, updates, self.device)
+        self._s = _Staging(max_num_batched_tokens, max_num_seqs + 1, updates, self.device)
         self._upd_idx: list[int] = []
         self._upd_val: list[int] = []
         self._num_updates = 0
@@ -207,12 +220,15 @@ class ModelRunner:
         self._dec_rows = np.zeros(0, dtype=np.int64)
         self._dec_rids: list[int] = []
         self._num_sampled = 0  # sequences with non-greedy sampling parameters
-        sizes = sorted({s for s in graph_batch_sizes if s <= max_num_seqs})
-        if not sizes or sizes[-1] < max_num_seqs:
-            sizes.append(max_num_seqs)
-        self.graph_batch_sizes = tuple(sizes)
+        self.graph_batch_sizes = decode_buckets(max_num_seqs, graph_batch_sizes)
         self.pad_decodes = pad_decodes or self.cuda_graphs
+        self.mixed_graphs = self.cuda_graphs if mixed_graphs is None else mixed_graphs
+        if self.mixed_graphs and not self.cuda_graphs:
+            raise ValueError("mixed_graphs needs cuda_graphs")
+        self.mixed_token_buckets = mixed_token_buckets(max_num_batched_tokens)
+        self.pad_mixed = pad_mixed or self.mixed_graphs
         self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, torch.Tensor]]] = {}
+        self._mixed: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self._pool = None
 
     # -- sequences -------------------------------------------------------------------------------
@@ -333,18 +349,26 @@ class ModelRunner:
         if plan.is_empty:
             return StepOutput([], [], [])
         nd = len(plan.decodes)
-        bucket = 0
-        if not plan.prefills and not all_logits and self.pad_decodes:
-            bucket = self._bucket(nd)
-            if bucket and self.cuda_graphs and bucket not in self._graphs:
-                self._capture(bucket)
-        emitters, rids, rows_e, num_tokens, num_seqs = self._prepare(plan, blocks_of, bucket)
+        bucket = mixed = 0
+        if not all_logits:
+            if not plan.prefills:
+                if self.pad_decodes:
+                    bucket = self._bucket(nd)
+                    if bucket and self.cuda_graphs and bucket not in self._graphs:
+                        self._capture(bucket)
+            elif self.pad_mixed:
+                mixed = self._mixed_bucket(nd + sum(n for _, n in plan.prefills))
+                if self.mixed_graphs and mixed not in self._mixed:
+                    self._capture_mixed(mixed)
+        emitters, rids, rows_e, num_tokens, num_seqs = self._prepare(plan, blocks_of, bucket, mixed)
         self._s.upload()
         self._apply_updates()
         m = len(emitters)
         logits_all = None
         if bucket:
             logits, greedy = self._decode_step(bucket)
+        elif mixed:
+            logits, greedy = self._mixed_step(mixed, m)
         else:
             logits, greedy, logits_all = self._eager(nd, num_tokens, num_seqs, m, all_logits)
         if m == 0:
@@ -363,7 +387,13 @@ class ModelRunner:
                 return b
         return 0
 
-    def _prepare(self, plan: StepPlan, blocks_of: BlocksOf, bucket: int):  # noqa: ANN202
+    def _mixed_bucket(self, n: int) -> int:
+        for b in self.mixed_token_buckets:
+            if b >= n:
+                return b
+        raise AssertionError(f"a step of {n} tokens exceeds max_num_batched_tokens")
+
+    def _prepare(self, plan: StepPlan, blocks_of: BlocksOf, bucket: int, mixed: int = 0):  # noqa: ANN202
         """Fill the host staging buffer. Returns the emitting requests, their ids and rows, and
         the step's token and sequence counts."""
         self._upd_idx.clear()
@@ -401,6 +431,8 @@ class ModelRunner:
         h["slot"][:num_tokens] = self._bt_host[tok_rows, p // bs] * bs + p % bs
         if bucket > nd:
             self._pad(nd, bucket)
+        if mixed:
+            self._pad_mixed(num_tokens, mixed, num_seqs)
         self._stage_updates()
         return emitters, rids, rows_e, num_tokens, num_seqs
 
@@ -460,6 +492,20 @@ class ModelRunner:
         h["slot"][lo:hi] = -1
         h["ctx"][lo:hi] = 0
         h["rows"][lo:hi] = 0
+
+    def _pad_mixed(self, num_tokens: int, tokens: int, num_seqs: int) -> None:
+        """Tokens ``[num_tokens, tokens)`` with slot -1 (no KV write); sequences ``[num_seqs,
+        max_num_seqs]`` of context 0 (padding: attention gives zeros), the last of which holds
+        those tokens, the others none."""
+        h = self._s.np
+        h["ids"][num_tokens:tokens] = 0
+        h["pos"][num_tokens:tokens] = 0
+        h["slot"][num_tokens:tokens] = -1
+        s = self.max_num_seqs + 1  # the last one always a padding sequence
+        h["ctx"][num_seqs:s] = 0
+        h["rows"][num_seqs:s] = 0
+        h["cu"][num_seqs + 1 : s] = num_tokens
+        h["cu"][s] = tokens  # the spare tokens are the last padding sequence's: zeros
 
     def _stage_updates(self) -> None:
         k = len(self._upd_idx)
@@ -533,33 +579,67 @@ class ModelRunner:
         graph.replay()
         return out
 
+    # -- mixed steps: CUDA graphs keyed by padded token count ------------------------------------
+    def _mixed_forward(self, tokens: int) -> torch.Tensor:
+        """A padded mixed step of ``tokens`` tokens and ``max_num_seqs + 1`` sequences; returns
+        the final hidden states of every token (what a mixed graph captures)."""
+        t, att, s = self._s.t, self.attention, self.max_num_seqs + 1
+        block_tables = self._bt_dev.index_select(0, t["rows"][:s])
+        att.set_step(t["slot"][:tokens], block_tables, t["ctx"][:s], t["cu"][: s + 1])
+        return self._forward(t["ids"][:tokens], t["pos"][:tokens], att)
+
+    def _mixed_step(self, tokens: int, m: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        if self.mixed_graphs:
+            graph, hidden = self._mixed[tokens]
+            graph.replay()
+        else:
+            hidden = self._mixed_forward(tokens)
+        if m == 0:
+            return None, None
+        logits = F.linear(hidden.index_select(0, self._s.t["logit"][:m]), self.model.lm_head_weight)
+        return logits, logits.argmax(-1)
+
+    def _capture_mixed(self, tokens: int) -> None:
+        self._pad_mixed(0, tokens, 0)  # capture on padding only: no KV is written or read
+        self._mixed[tokens] = self._graph_of(lambda: self._mixed_forward(tokens))
+
+    def _graph_of(self, forward):  # noqa: ANN001, ANN202
+        """Capture ``forward()`` (staged inputs uploaded first; a first eager call compiles the
+        kernels outside the capture) into a graph of the shared pool: ``(graph, outputs)``."""
+        self._s.upload()
+        forward()
+        torch.cuda.synchronize(self.device)
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool):
+            out = forward()
+        torch.cuda.synchronize(self.device)
+        return graph, out
+
     def decode_graph(self, b: int) -> torch.cuda.CUDAGraph | None:
         """The captured decode graph of bucket ``b`` (None if not captured), e.g. to time it."""
         entry = self._graphs.get(b)
         return None if entry is None else entry[0]
 
     @torch.no_grad()
-    def capture_graphs(self, sizes: Sequence[int] | None = None) -> None:
-        """Capture the decode graphs of ``sizes`` (default: every bucket), largest first so the
-        smaller ones reuse its memory. Without it, each bucket is captured on first use."""
+    def capture_graphs(self, sizes: Sequence[int] | None = None, mixed: bool = True) -> None:
+        """Capture the decode graphs of ``sizes`` (default: every bucket) and, with ``mixed``,
+        every mixed-step graph, largest first so the smaller ones reuse its memory. Without it,
+        each is captured on first use (a step that pays for it)."""
         if not self.cuda_graphs:
             return
+        if mixed and self.mixed_graphs:
+            for n in sorted(self.mixed_token_buckets, reverse=True):
+                if n not in self._mixed:
+                    self._capture_mixed(n)
         for b in sorted(sizes or self.graph_batch_sizes, reverse=True):
             if b not in self._graphs:
                 self._capture(b)
 
     def _capture(self, b: int) -> None:
         self._pad(0, b)  # capture on padding rows: no KV is written, nothing is read
-        self._s.upload()
-        self._decode_forward(b)  # compiles the kernels outside the capture
-        torch.cuda.synchronize(self.device)
-        if self._pool is None:
-            self._pool = torch.cuda.graph_pool_handle()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
-            out = self._decode_forward(b)
-        torch.cuda.synchronize(self.device)
-        self._graphs[b] = (graph, out)
+        self._graphs[b] = self._graph_of(lambda: self._decode_forward(b))
 
 
 def _prompt_ids(request: Request) -> Sequence[int]:

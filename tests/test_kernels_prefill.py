@@ -98,6 +98,24 @@ def test_padding_sequences_without_queries():
     _check([12, 0, 7, 30, 5], [3, 0, 0, 30, 1], 2, 2, 16, 8, torch.float32, block_m=16, block_n=16)
 
 
+def test_padding_sequence_with_queries_gives_zeros():
+    """A captured mixed step pads its tokens with a context-0 sequence that owns the spare
+    queries: both backends write zeros there and leave the real sequences' rows as without it."""
+    c = make_paged_case([12, 7, 0], [3, 1, 0], 2, 2, 16, 8, torch.float32, DEVICE, seed=5)
+    want_real = _run(c, "torch")
+    spare = 6
+    c.q = torch.cat([c.q, torch.randn(spare, *c.q.shape[1:]).to(c.q)])
+    c.cu_q_lens = c.cu_q_lens.clone()
+    c.cu_q_lens[-1] += spare
+    for backend in ("torch", "triton"):
+        out = torch.full_like(c.q, float("nan"))
+        got = _run(
+            c, backend, out=out, **({"block_m": 16, "block_n": 16} if backend == "triton" else {})
+        )
+        assert_close(got[:4], want_real, torch.float32)
+        assert torch.equal(got[4:], torch.zeros_like(got[4:]))
+
+
 def test_strided_q_and_out_buffer():
     c = make_paged_case([29, 6], [11, 2], 2, 2, 32, 8, torch.float16, DEVICE, seed=4)
     qkv = torch.randn(13, 4 + 2 + 2, 32).to(dtype=torch.float16, device=DEVICE)

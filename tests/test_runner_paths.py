@@ -26,7 +26,7 @@ from executor.kernels import allocate_kv_cache  # noqa: E402
 from executor.model import DenseKVCache  # noqa: E402
 from executor.model.testing import forward_prompts  # noqa: E402
 from executor.profiler import COLUMNS, Shape, StepProfiler, grid, write_csv  # noqa: E402
-from executor.runner import ModelRunner  # noqa: E402
+from executor.runner import ModelRunner, mixed_token_buckets  # noqa: E402
 
 OUTPUTS = [5, 4, 6, 3, 5, 2, 4, 3]
 
@@ -51,6 +51,27 @@ def test_decodes_padded_to_buckets_give_the_same_tokens(model, dense):
     assert 2 in set(rec.decode_tokens[rec.prefill_tokens == 0])  # padded to 3
 
 
+def test_mixed_steps_padded_as_their_graphs_give_the_same_tokens(model, dense):
+    """What a mixed-step graph replays: tokens padded to a bucket (slot -1, in no sequence) and
+    sequences padded to max_num_seqs (empty, context 0)."""
+    e = engine(model)
+    e.runner.pad_mixed = True
+    e.runner.pad_decodes = True
+    rec = e.run_offline(make_requests(outputs=OUTPUTS))
+    assert e.outputs == dense
+    mixed = rec.prefill_tokens > 0
+    sizes = rec.prefill_tokens[mixed] + rec.decode_tokens[mixed]
+    assert mixed.sum() >= 2 and not set(sizes) <= set(e.runner.mixed_token_buckets)  # padded
+
+
+def test_mixed_token_buckets_cover_the_budget():
+    for budget in (16, 64, 512, 2048, 3000):
+        b = mixed_token_buckets(budget)
+        assert b[-1] == budget and list(b) == sorted(set(b))
+        gaps = [hi / lo for lo, hi in zip(b, b[1:]) if lo >= 256]
+        assert all(g <= 1.26 for g in gaps)  # padding a large step costs at most a quarter
+
+
 @pytest.mark.skipif(
     os.environ.get("TRITON_INTERPRET") != "1", reason="interpreter check (GPU: executor.check)"
 )
@@ -58,6 +79,7 @@ def test_triton_kernels_through_the_interpreter(model, dense):
     pytest.importorskip("triton")
     e = engine(model, attention_backend="triton", cuda_graphs=False)
     e.runner.pad_decodes = True
+    e.runner.pad_mixed = True
     e.run_offline(make_requests(PROMPTS[:4], OUTPUTS[:4]))
     assert e.outputs == {i: dense[i] for i in range(4)}
 

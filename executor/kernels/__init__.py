@@ -183,8 +183,8 @@ def paged_prefill_attention(
             read only.
         block_tables: ``[num_seqs, max_blocks]`` int32, rows contiguous.
         cu_q_lens: ``[num_seqs + 1]`` int32, non-decreasing, ``cu_q_lens[-1] == total_q``.
-        context_lens: ``[num_seqs]`` int32, ``context_lens[i] >= q_len_i`` (0-length sequences
-            are allowed as padding).
+        context_lens: ``[num_seqs]`` int32, ``context_lens[i] >= q_len_i``, or 0 for a padding
+            sequence (any ``q_len_i``): its outputs are zeros.
         scale: softmax scale.
         out: optional ``[total_q, num_heads, head_dim]`` buffer of q's dtype, **overwritten**.
         block_m, block_n: tile sizes (Triton only), defaults from ``tiling.prefill_tiles``.

@@ -9,7 +9,8 @@ tokens x the KV head's query group (padded to a power of two), so one K/V tile r
 group. Tile ``t`` of sequence ``i`` is program ``cu_q_lens[i] // BLOCK_Q + i + t``; that bound
 gives every sequence enough tiles and makes the grid ``total_q // BLOCK_Q + num_seqs`` (host
 sizes only: no read-back, graph-capturable). Each program finds its sequence by binary search over
-``cu_q_lens``; spare programs exit at once.
+``cu_q_lens``; spare programs exit at once. A sequence of context 0 is padding (a captured step's
+spare tokens): its outputs are zeros.
 
 The key loop has two phases: keys before the tile's first query position are visible to every row
 (no mask), the rest up to the tile's last query position get the causal mask.
@@ -133,6 +134,14 @@ def _prefill_kernel(
     heads = kvh * GROUP + gi
     tok = (q_begin + qi).to(tl.int64)
     io_mask = row_mask[:, None] & d_mask[None, :]
+    o_ptr = out_ptr + tok[:, None] * stride_ot + heads[:, None] * stride_oh + d[None, :]
+    if ctx == 0:  # a padding sequence: its queries' outputs are zeros
+        tl.store(
+            o_ptr,
+            tl.zeros([BLOCK_M, BLOCK_D], tl.float32).to(out_ptr.dtype.element_ty),
+            mask=io_mask,
+        )
+        return
     q = tl.load(
         q_ptr + tok[:, None] * stride_qt + heads[:, None] * stride_qh + d[None, :],
         mask=io_mask,
@@ -158,7 +167,6 @@ def _prefill_kernel(
     )  # fmt: skip
 
     o = acc / tl.where(l_sum == 0.0, 1.0, l_sum)[:, None]
-    o_ptr = out_ptr + tok[:, None] * stride_ot + heads[:, None] * stride_oh + d[None, :]
     tl.store(o_ptr, o.to(out_ptr.dtype.element_ty), mask=io_mask)
 
 
