@@ -9,8 +9,10 @@ A prompt is a chat-templated history (``horizon.workload.chat_template``)::
 positions: turn texts are tokenised with special strings as plain text). ``prompt_record`` turns
 one request into a text (the last user turn, decoded) and a row of numbers: lengths of the
 prompt, of the last user turn and of every earlier turn (the previous reply's length is the
-strongest single cue in multi-turn chat), the turn index, and task cues read from the text
-(code, lists, "explain", "translate", a requested word count, the script, ...).
+strongest single cue in multi-turn chat), the turn index, task cues read from the text
+(code, lists, "explain", "translate", a requested word count, the script, ...), and how the
+previous reply ended (inside an unclosed code block, mid-sentence: cut off, so "continue"
+asks for more of it).
 
 Nothing here reads ``true_output_tokens``.
 """
@@ -113,6 +115,10 @@ _COUNT = re.compile(
     r"|items?|examples?|questions?|ideas?|tips|steps?|names?|titles?|slides?|pages?|字)"
 )
 _DIGIT = re.compile(r"\d")
+_LIST_ITEM = re.compile(r"^\s*(\d{1,3}[.)]|[-*\u2022])\s", re.M)
+_ENDS_COMPLETE = re.compile(r"[.!?\u3002\uff01\uff1f:)\]`\"'*]\s*$")
+_CONTINUE = re.compile(r"continu|go on|keep going|\bmore\b|\bnext\b|\brest\b|\bfinish")
+_LONG_REPLY = 600  # tokens: replies longer than this were often cut off by the chat service
 _PUNCT = re.compile(r"[^\w\s]")
 _UNIT_TOKENS = {"word": 1.3, "char": 0.3, "sent": 25, "para": 90, "line": 12, "page": 500}
 _SCRIPTS = {
@@ -139,6 +145,17 @@ NUMERIC_FEATURES: tuple[str, ...] = (
     "digit_frac",
     "punct_frac",
     "log_requested",
+    "prev_unclosed_code",
+    "prev_ends_complete",
+    "log_prev_list_items",
+    "log_prev_lines",
+    "n_long_replies",
+    "short_continue",
+    "log_questions",
+    "user_code_block",
+    "log_user_list_items",
+    "log_words",
+    "repeats_prev_user",
     *(f"cue_{name}" for name in _CUES),
     *(f"script_{name}" for name in _SCRIPTS),
 )
@@ -161,8 +178,12 @@ def requested_tokens(text: str) -> float:
     return best
 
 
-def numeric_row(request: Request, view: PromptView, text: str) -> list[float]:
-    """The ``NUMERIC_FEATURES`` of one request (NaN where a feature does not apply)."""
+def numeric_row(request: Request, view: PromptView, text: str, prev: str = "") -> list[float]:
+    """The ``NUMERIC_FEATURES`` of one request (NaN where a feature does not apply).
+
+    ``text``: the last user turn (decoded); ``prev``: the whole previous reply ("" if none).
+    How the previous reply ended (inside an unclosed code block, mid-sentence) says whether it
+    was cut off and the user now asks to continue it."""
     low = text.lower()
     replies, users = view.reply_lengths, view.user_lengths
     head = low[:2000]
@@ -184,6 +205,24 @@ def numeric_row(request: Request, view: PromptView, text: str) -> list[float]:
         len(_DIGIT.findall(sample)) / n_sample,
         len(_PUNCT.findall(sample)) / n_sample,
         _log(requested_tokens(head)),
+    ]
+    if replies:
+        row += [
+            float(prev.count("```") % 2 == 1),
+            float(bool(_ENDS_COMPLETE.search(prev[-200:]))),
+            math.log1p(len(_LIST_ITEM.findall(prev))),
+            math.log1p(prev.count("\n")),
+            float(sum(1 for x in replies if x > _LONG_REPLY)),
+        ]
+    else:
+        row += [_NAN] * 5
+    row += [
+        float(len(view.user_ids) < 12 and bool(_CONTINUE.search(low))),
+        math.log1p(text.count("?")),
+        float("```" in text),
+        math.log1p(len(_LIST_ITEM.findall(text))),
+        math.log1p(len(text.split())),
+        float(bool(users) and users[-1] == len(view.user_ids)),
     ]
     tail = low[-300:]
     for name, pat in _CUES.items():
@@ -221,10 +260,9 @@ def extract(
         ids = r.prompt_token_ids if r.prompt_token_ids is not None else ()
         view = parse_prompt(tuple(ids), template)
         text = text_of(view.user_ids, tokenizer, head_chars, tail_chars) if ids else ""
-        prev_ids = view.prev_reply_ids[:prev_chars]  # >= prev_chars characters of text
-        prev = text_of(prev_ids, tokenizer, prev_chars, 0) if prev_ids else ""
-        rows.append(numeric_row(r, view, text))
+        prev = tokenizer.decode(list(view.prev_reply_ids)) if view.prev_reply_ids else ""
+        rows.append(numeric_row(r, view, text, prev))
         users.append(text)
-        prevs.append(prev)
+        prevs.append(prev[:prev_chars])
     numeric = np.asarray(rows, dtype=np.float64).reshape(len(rows), len(NUMERIC_FEATURES))
     return Extracted(numeric, users, prevs)

@@ -1,19 +1,24 @@
-"""``learned``: prompt features -> quantiles of total output length, with a calibrated online
-remaining-length estimate.
+"""``learned``: prompt features -> quantiles of total output length, and a model of its own for
+the online remaining length given the prompt and the tokens generated so far.
 
 Life cycle (each step an explicit call; the constructor only stores settings)::
 
     p = LearnedPredictor(seed=0)           # or make_predictor("learned", seed=0)
-    p.fit(train_requests)                  # ~20-35 s on 2 cores (packaged ShareGPT train split)
+    p.fit(train_requests)                  # ~40-50 s on 2 cores (packaged ShareGPT train split)
     p.save("runs/x/learned.joblib")        # p.artifact_path is now that file
     q = LearnedPredictor.load("runs/x/learned.joblib")
-    q.prepare(run_requests)                # per-run memo: one batched model call
+    q.prepare(run_requests)                # per-run memo: batched model calls, tables over g
     q.predict(r); q.update(r, g)           # microseconds each for prepared requests
 
 ``fit`` splits its requests by conversation into a fitting part and a calibration part
-(``calibration_fraction``). The model (``length_model``) is fitted on the first; on the second,
-(1) the standardised residual quantiles that make the total-length quantiles calibrated and
-(2) the remaining-length calibrator (``calibration``) are measured.
+(``calibration_fraction``). The models (``length_model``: total length, and remaining length
+given progress) are fitted on the first; on the second, the standardised residual quantiles
+that calibrate (1) the total-length quantiles and (2) the remaining-length quantiles per band of
+progress (``calibration``) are measured.
+
+``update(r, g)`` reads a per-request table of the remaining model's location and scale over a
+grid of ``g`` (``length_model.remaining_grid``), filled by ``prepare`` in one batched call,
+and interpolates linearly between grid points: no model call on the online path.
 
 The model reads prompt ids, turn index and ``max_output_tokens`` only; ``true_output_tokens``
 is read in ``fit`` as the training label, never to predict.
@@ -21,10 +26,13 @@ is read in ``fit`` as the training label, never to predict.
 
 from __future__ import annotations
 
+import bisect
 import json
+import math
 import os
 import time
 import warnings
+from array import array
 from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
@@ -38,15 +46,22 @@ from horizon.request import Request
 from horizon.workload.chat_template import ChatTemplate
 from horizon.workload.tokenized import load_tokenizer
 from predictors.base import LEVELS, BasePredictor, check_generated
-from predictors.calibration import RemainingCalibrator
+from predictors.calibration import ResidualQuantiles, progress_points
 from predictors.dataset import fingerprint, split_by_conversation
 from predictors.features import Extracted, extract
-from predictors.length_model import LearnedSettings, LengthModel
+from predictors.length_model import (
+    PROGRESS_FEATURES,
+    LearnedSettings,
+    LengthModel,
+    remaining_grid,
+)
 
 ARTIFACT_FORMAT = "horizon-learned-length-predictor"
-ARTIFACT_VERSION = 1
-# memo entry: (num_prompt_tokens, max_output_tokens, total distribution, its CDF knots xs, fs)
-_Entry = tuple[int, int, LengthDistribution, tuple[float, ...], tuple[float, ...]]
+ARTIFACT_VERSION = 2  # 2: the remaining-length model and its per-band residual quantiles
+# memo entry: (num_prompt_tokens, max_output_tokens, total distribution, grid of g, the
+# remaining model's location and scale of log remaining length at each grid point)
+_Entry = tuple[int, int, LengthDistribution, tuple[int, ...], array, array]
+_DONE = LengthDistribution(LEVELS, tuple(1.0 for _ in LEVELS), 1.0, 1.0)
 
 
 class LearnedPredictor(BasePredictor):
@@ -73,8 +88,9 @@ class LearnedPredictor(BasePredictor):
         self.header: dict | None = None
         self._model: LengthModel | None = None
         self._z: tuple[float, ...] | None = None  # standardised residual quantile per level
-        self._calibrator: RemainingCalibrator | None = None
+        self._remaining_z: ResidualQuantiles | None = None  # the same for remaining, per band
         self._memo: dict[int, _Entry] = {}
+        self._grids: dict[int, tuple[int, ...]] = {}  # max_output_tokens -> remaining grid
         self._tokenizer = None
         self._template: ChatTemplate | None = None
 
@@ -99,27 +115,34 @@ class LearnedPredictor(BasePredictor):
             y = _lengths(fit_part)
             groups = np.asarray([_group(r) for r in fit_part])
             model = LengthModel(s).fit(ex, y, groups)
-            mu, sc = model.location_scale(self._extract(calib))
-        yc = _lengths(calib)
-        z = (np.log(yc) - mu) / sc
-        self._z = tuple(float(v) for v in np.quantile(z, LEVELS, method="higher"))
-        self._model = model
-        hi_c = np.asarray([r.max_output_tokens for r in calib], dtype=np.float64)
-        self._calibrator = RemainingCalibrator.fit(
-            LEVELS, self._quantiles(mu, sc, hi_c), hi_c, yc, step=s.calibration_step
-        )
-        self._memo = {}
+            self._model = model
+            design = model.design(self._extract(calib))
+            mu, sc = model.total_location_scale(design)
+            yc = _lengths(calib)
+            z = (np.log(yc) - mu) / sc
+            self._z = tuple(float(v) for v in np.quantile(z, LEVELS, method="higher"))
+            # remaining length: residuals of the same tables and interpolation as ``update``
+            rows, g = progress_points(yc, s.calibration_step)
+            keep = g >= 1
+            rows, g = rows[keep], g[keep]
+            grid, m_tab, s_tab = self._tables(design, int(max(r.max_output_tokens for r in calib)))
+            m, sr = _interpolate(grid, m_tab, rows, g), _interpolate(grid, s_tab, rows, g)
+        zr = (np.log(yc[rows] - g) - m) / sr
+        self._remaining_z = ResidualQuantiles.fit(LEVELS, zr, g)
+        self._memo, self._grids = {}, {}
         self.artifact_path = None
         self.header = {
             "format": ARTIFACT_FORMAT,
             "version": ARTIFACT_VERSION,
             "settings": asdict(s),
             "feature_names": list(s.feature_names),
+            "remaining_feature_names": [*s.feature_names, *PROGRESS_FEATURES],
             "levels": list(LEVELS),
             "train_fingerprint": fingerprint(requests),
             "data": data,
             "fit_requests": len(fit_part),
             "calibration_requests": len(calib),
+            "remaining_calibration_points": len(zr),
             "train_seed": s.seed,
             "sklearn_version": sklearn.__version__,
             "numpy_version": np.__version__,
@@ -139,7 +162,7 @@ class LearnedPredictor(BasePredictor):
             "header": self.header,
             "model": self._model,
             "z": self._z,
-            "calibrator": self._calibrator,
+            "remaining_z": self._remaining_z,
         }
         tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
         try:
@@ -181,7 +204,8 @@ class LearnedPredictor(BasePredictor):
                 stacklevel=2,
             )
         p = cls(threads=threads, **header["settings"])
-        p._model, p._z, p._calibrator = payload["model"], tuple(payload["z"]), payload["calibrator"]
+        p._model, p._z = payload["model"], tuple(payload["z"])
+        p._remaining_z = payload["remaining_z"]
         p.header = header
         p.artifact_path = str(path.resolve())
         return p
@@ -195,16 +219,12 @@ class LearnedPredictor(BasePredictor):
             return []
         assert self._model is not None
         with self._thread_limit():
-            mu, sc = self._model.location_scale(self._extract(requests))
-        hi = np.asarray([r.max_output_tokens for r in requests], dtype=np.float64)
-        q = self._quantiles(mu, sc, hi)
-        return [
-            LengthDistribution(LEVELS, tuple(row), 1.0, h)
-            for row, h in zip(q.tolist(), hi.tolist(), strict=True)
-        ]
+            design = self._model.design(self._extract(requests))
+        return self._totals(requests, design)
 
     def prepare(self, requests: Sequence[Request]) -> None:
-        """Fill this instance's memo for one run: ``request_id -> distribution``.
+        """Fill this instance's memo for one run: ``request_id ->`` the total distribution and
+        the table of the remaining model over ``g`` (module docstring).
 
         This is an explicit, per-run memo, not a hidden cache: it holds exactly the requests
         of the last ``prepare`` call (it is replaced, not merged), and ``predict``/``update``
@@ -213,40 +233,101 @@ class LearnedPredictor(BasePredictor):
         microseconds in ``predict``/``update``; unprepared ones are predicted one at a time
         (milliseconds, nothing stored).
         """
-        memo = {}
-        for r, d in zip(requests, self.predict_batch(requests), strict=True):
-            memo[r.request_id] = (r.num_prompt_tokens, r.max_output_tokens, d, *d.knots())
-        self._memo = memo
+        entries = self._entries(requests)
+        self._memo = {r.request_id: e for r, e in zip(requests, entries, strict=True)}
 
     def predict(self, request: Request) -> LengthDistribution:
         return self._entry(request)[2]
 
     def update(self, request: Request, tokens_so_far: int) -> LengthDistribution:
-        """Calibrated remaining length after ``tokens_so_far`` tokens (module ``calibration``):
-        the prompt-time distribution conditioned on ``total > tokens_so_far``, with its levels
-        corrected by the calibration table; ``tokens_so_far = 0`` gives ``predict``."""
+        """Remaining length after ``tokens_so_far`` tokens: the remaining model's location and
+        scale, interpolated in the request's table over ``g``, with the residual quantiles of
+        that band of ``g`` (module ``calibration``); capped at ``max_output_tokens - g``.
+        ``tokens_so_far = 0`` gives ``predict``."""
         check_generated(request, tokens_so_far)
-        _, _, total, xs, fs = self._entry(request)
-        if tokens_so_far == 0:
+        _, hi, total, grid, loc, scl = self._entry(request)
+        g = tokens_so_far
+        if g == 0:
             return total
-        assert self._calibrator is not None
-        out = self._calibrator.remaining(xs, fs, tokens_so_far)
-        if out is None:  # at or past max_output_tokens: one more token is all that is left
-            return LengthDistribution(LEVELS, tuple(1.0 for _ in LEVELS), 1.0, 1.0)
-        return out
+        if g >= hi:  # at or past max_output_tokens: one more token is all that is left
+            return _DONE
+        k = bisect.bisect_right(grid, g) - 1  # grid[0] == 1 <= g
+        if k >= len(grid) - 1:
+            m, s = loc[-1], scl[-1]
+        else:
+            w = (g - grid[k]) / (grid[k + 1] - grid[k])
+            m = loc[k] + w * (loc[k + 1] - loc[k])
+            s = scl[k] + w * (scl[k + 1] - scl[k])
+        cap = float(hi - g)
+        top = 1.0
+        vals = []
+        assert self._remaining_z is not None
+        for z in self._remaining_z.row(g):
+            v = math.exp(m + s * z)
+            if v > cap:
+                v = cap
+            if v > top:
+                top = v
+            vals.append(top)
+        return LengthDistribution(LEVELS, tuple(vals), 1.0, cap)
 
     # -- internals --------------------------------------------------------------------------
     def _entry(self, request: Request) -> _Entry:
         e = self._memo.get(request.request_id)
         if e is None:
-            d = self.predict_batch([request])[0]
-            return (request.num_prompt_tokens, request.max_output_tokens, d, *d.knots())
+            return self._entries([request])[0]
         if e[0] != request.num_prompt_tokens or e[1] != request.max_output_tokens:
             raise ValueError(
                 f"learned: request {request.request_id} differs from the one prepared under "
                 f"that id; call prepare() with this run's requests"
             )
         return e
+
+    def _entries(self, requests: Sequence[Request]) -> list[_Entry]:
+        """Memo entries (see ``_Entry``): one design, the totals and the remaining tables."""
+        self._check_fitted()
+        if not requests:
+            return []
+        assert self._model is not None
+        his = [r.max_output_tokens for r in requests]
+        with self._thread_limit():
+            design = self._model.design(self._extract(requests))
+            grid, m_tab, s_tab = self._tables(design, max(his))
+        out = []
+        for i, (r, d) in enumerate(zip(requests, self._totals(requests, design), strict=True)):
+            g = self._grid(r.max_output_tokens)
+            m, s = array("d", m_tab[i, : len(g)].tolist()), array("d", s_tab[i, : len(g)].tolist())
+            out.append((r.num_prompt_tokens, r.max_output_tokens, d, g, m, s))
+        return out
+
+    def _grid(self, hi: int) -> tuple[int, ...]:
+        g = self._grids.get(hi)
+        if g is None:
+            g = self._grids[hi] = remaining_grid(hi)
+        return g
+
+    def _tables(
+        self, design: np.ndarray, hi: int
+    ) -> tuple[tuple[int, ...], np.ndarray, np.ndarray]:
+        """The remaining model's location and scale at every point of ``remaining_grid(hi)``
+        for each design row: ``(grid, m, s)`` with ``m``, ``s`` of shape (rows x grid). The grid
+        for a smaller ``hi`` is a prefix of this one."""
+        assert self._model is not None and self._model.remaining is not None
+        grid = self._grid(hi)
+        n, k = len(design), len(grid)
+        g = np.tile(np.asarray(grid, dtype=np.float64), n)
+        m, s = self._model.remaining.location_scale(np.repeat(design, k, axis=0), g)
+        return grid, m.reshape(n, k), s.reshape(n, k)
+
+    def _totals(self, requests: Sequence[Request], design: np.ndarray) -> list[LengthDistribution]:
+        assert self._model is not None
+        mu, sc = self._model.total_location_scale(design)
+        hi = np.asarray([r.max_output_tokens for r in requests], dtype=np.float64)
+        q = self._quantiles(mu, sc, hi)
+        return [
+            LengthDistribution(LEVELS, tuple(row), 1.0, h)
+            for row, h in zip(q.tolist(), hi.tolist(), strict=True)
+        ]
 
     def _quantiles(self, mu: np.ndarray, sc: np.ndarray, hi: np.ndarray) -> np.ndarray:
         assert self._z is not None
@@ -279,6 +360,19 @@ class LearnedPredictor(BasePredictor):
         state = dict(self.__dict__)
         state["_tokenizer"] = state["_template"] = None
         return state
+
+
+def _interpolate(
+    grid: Sequence[int], tab: np.ndarray, rows: np.ndarray, g: np.ndarray
+) -> np.ndarray:
+    """``tab[rows]`` linearly interpolated at ``g`` along ``grid`` (flat past its end), as
+    ``update`` does one point at a time."""
+    gr = np.asarray(grid, dtype=np.float64)
+    k = np.clip(np.searchsorted(gr, g, side="right") - 1, 0, len(gr) - 1)
+    k1 = np.minimum(k + 1, len(gr) - 1)
+    span = gr[k1] - gr[k]
+    w = np.where(span > 0, (g - gr[k]) / np.where(span > 0, span, 1.0), 0.0)
+    return tab[rows, k] + w * (tab[rows, k1] - tab[rows, k])
 
 
 def _lengths(requests: Sequence[Request]) -> np.ndarray:

@@ -33,3 +33,19 @@ def sharegpt_head(tmp_path_factory: pytest.TempPathFactory):
     with dataset_path() as src, open(src, "rb") as f, open(head, "wb") as out:
         out.write(f.read(6 << 20))
     return tokenize_corpus(load_sharegpt(head), d / "tokens.npz")
+
+
+@pytest.fixture(scope="session")
+def split(sharegpt_head):
+    """A seeded train/test split of the packaged ShareGPT head, by conversation."""
+    from predictors.dataset import SplitConfig, split_requests
+
+    return split_requests(sharegpt_head, SplitConfig(seed=0, test_fraction=0.3))
+
+
+@pytest.fixture(scope="session")
+def fitted(split):
+    """The learned predictor fitted once on ``split.train`` (shared by the predictor tests)."""
+    from predictors.learned import LearnedPredictor
+
+    return LearnedPredictor(threads=1, seed=0).fit(split.train)
