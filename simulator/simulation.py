@@ -3,6 +3,18 @@
 The engine loops ``plan = scheduler.schedule(now)`` -> ``yield env.timeout(cost)`` ->
 ``scheduler.update(plan, result, now)``, and sleeps on an event when it has nothing to do (no
 polling); the arrival process wakes it. All policy and block logic is the Scheduler's.
+
+Two optional refinements make it follow the engine's loop (``executor/engine.py``) exactly, for
+replaying an engine's log (``simulator.replay_cost_model``):
+
+* ``arrivals_at_step_boundaries=True``: an arrival during a step is handed to the Scheduler after
+  that step's ``update``, as the engine (which checks for arrivals between steps) does, instead
+  of at its arrival instant; plans are the same either way, but a step's recorded
+  ``num_waiting`` then excludes requests that arrived while it ran, as the engine's does.
+* a cost model with a ``wake_delay(step, now) -> float`` method: when the engine starts or wakes
+  from an idle sleep at ``now``, it waits that many seconds before planning ``step`` (arrivals
+  meanwhile are seen by the plan): the real engine's wake-up lag. Without the method, or between
+  busy steps, there is no delay.
 """
 
 from __future__ import annotations
@@ -31,6 +43,8 @@ class Simulation:
             that arrived by then and did not finish are recorded as unfinished, later ones are
             not part of the run. None runs until every request is done.
         check_every: call ``scheduler.check_integrity()`` every this many steps (0: only at end).
+        arrivals_at_step_boundaries: queue arrivals between steps, as the engine does (see the
+            module docstring); False: at their arrival instant.
     """
 
     def __init__(
@@ -41,6 +55,7 @@ class Simulation:
         cost_model: CostModel,
         max_time: float | None = None,
         check_every: int = 0,
+        arrivals_at_step_boundaries: bool = False,
     ) -> None:
         if max_time is not None and not (math.isfinite(max_time) and max_time > 0):
             raise ValueError(f"max_time must be a finite number > 0, got {max_time!r}")
@@ -52,6 +67,9 @@ class Simulation:
         self.env = simpy.Environment()
         self._wake: simpy.Event | None = None
         self._arrivals_done = False
+        self._wake_delay = getattr(cost_model, "wake_delay", None)
+        self._hold = arrivals_at_step_boundaries
+        self._held: list[Request] = []  # arrived, queued at the next step boundary
         self.stalled = 0  # requests left waiting when nothing could ever run them
 
     def run(self) -> RunRecords:
@@ -80,7 +98,10 @@ class Simulation:
             dt = r.arrival_time - env.now
             if dt > 0:
                 yield env.timeout(dt)
-            sched.add(r)
+            if self._hold:
+                self._held.append(r)
+            else:
+                sched.add(r)
             if self._wake is not None and not self._wake.triggered:
                 self._wake.succeed()
         self._arrivals_done = True
@@ -91,12 +112,24 @@ class Simulation:
         env, sched, backend = self.env, self.scheduler, self.backend
         check_every = self.check_every
         end = math.inf if self.max_time is None else self.max_time
+        held, wake_delay = self._held, self._wake_delay
+        woke = True  # the run's start counts as a wake-up
         while env.now < end:
+            if held:
+                self._add_held()
             if not sched.has_work:
                 if self._arrivals_done:
                     return
                 yield from self._sleep()
+                woke = True
                 continue
+            if woke and wake_delay is not None:
+                delay = wake_delay(sched.clock.step, env.now)
+                if delay > 0:
+                    yield env.timeout(delay)
+                    if held:
+                        self._add_held()
+            woke = False
             plan = sched.schedule(env.now)
             result = backend.execute(plan)
             if result.duration > 0:
@@ -105,10 +138,18 @@ class Simulation:
             if check_every and plan.step % check_every == 0:
                 sched.check_integrity()
             if plan.is_empty and not sched.running:  # the policy admits nothing until an arrival
+                if held:
+                    continue
                 if self._arrivals_done:
                     self.stalled = sched.num_waiting
                     return
                 yield from self._sleep()
+                woke = True
+
+    def _add_held(self) -> None:
+        for r in self._held:
+            self.scheduler.add(r)
+        self._held.clear()
 
     def _sleep(self):  # noqa: ANN202
         self._wake = self.env.event()

@@ -1,0 +1,296 @@
+"""Step-level parity: replaying an engine run's measured step clock through the simulator gives
+the engine's very sequence of plans and its records (tests/data/golden, see its README)."""
+
+from __future__ import annotations
+
+from dataclasses import fields
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from experiments.fidelity_manifest import Manifest
+from horizon.metrics.records import RunRecords
+from horizon.plan import StepPlan
+from horizon.workload.requests_file import load_requests
+from simulator.replay_cost_model import ReplayCostModel, ReplayMismatch
+from simulator.simulation import Simulation
+
+GOLDEN = Path(__file__).parent / "data" / "golden"
+MANIFEST = GOLDEN / "manifest.json"
+POLICIES = ("fcfs", "horizon")
+CASES = ("golden_first_r40", "golden_burst_r800")  # light load; a burst under KV pressure
+
+pytestmark = pytest.mark.skipif(not MANIFEST.exists(), reason="golden engine log not present")
+
+# Per-step columns that are the plan's shape and the queues after it (all of the log's plan data).
+STEP_COLUMNS = (
+    "prefill_tokens",
+    "decode_tokens",
+    "num_prefills",
+    "decode_context_tokens",
+    "prefill_context_tokens",
+    "prefill_attention_pairs",
+    "num_running",
+    "num_waiting",
+    "kv_used_blocks",
+    "token_budget",
+)
+TIME_COLUMNS = ("step_start", "step_end", "first_admit_time", "token_times")
+REQUEST_COLUMNS = (
+    "request_id",
+    "arrival_time",
+    "num_output_tokens",
+    "status",
+    "num_preemptions",
+    "computed_tokens",
+    "recomputed_tokens",
+    "cached_tokens",
+    "token_offsets",
+)
+
+
+class PlanLog:
+    """A cost model wrapper that keeps each plan's contents (ids, chunks) and shape."""
+
+    def __init__(self, inner: ReplayCostModel) -> None:
+        self.inner = inner
+        self.plans: list[dict] = []
+
+    def wake_delay(self, step: int, now: float) -> float:
+        return self.inner.wake_delay(step, now)
+
+    def step_time(self, plan: StepPlan) -> float:
+        self.plans.append(
+            {
+                "step": plan.step,
+                "time": plan.time,
+                "decodes": tuple(r.request_id for r in plan.decodes),
+                "prefills": tuple((r.request_id, n) for r, n in plan.prefills),
+                "preempted": tuple(r.request_id for r in plan.preempted),
+                "prefill_tokens": plan.num_prefill_tokens,
+                "decode_tokens": len(plan.decodes),
+                "num_prefills": len(plan.prefills),
+                "decode_context_tokens": plan.decode_context_tokens,
+                "prefill_context_tokens": plan.prefill_context_tokens,
+                "prefill_attention_pairs": plan.prefill_attention_pairs,
+                "token_budget": plan.token_budget,
+            }
+        )
+        return self.inner.step_time(plan)
+
+
+def _manifest() -> Manifest:
+    return Manifest.load(MANIFEST)
+
+
+def _engine_records(policy: str, case: str = CASES[0]) -> RunRecords:
+    return RunRecords.load_npz(str(GOLDEN / f"{case}.{policy}.npz"))
+
+
+def _case(name: str):  # noqa: ANN202
+    (case,) = [c for c in _manifest().of_role("golden") if c.name == name]
+    return case
+
+
+def _replay(policy: str, cost_model, case_name: str = CASES[0]) -> RunRecords:  # noqa: ANN001
+    m = _manifest()
+    case = _case(case_name)
+    sim = Simulation(
+        load_requests(GOLDEN / case.requests),
+        m.scheduler_config(),
+        m.policies[policy].build(m.ttft_slo),
+        cost_model,
+        max_time=case.max_time,
+        check_every=1,
+        arrivals_at_step_boundaries=True,
+    )
+    return sim.run()
+
+
+def test_golden_files_are_what_the_readme_says():
+    m = _manifest()
+    assert tuple(c.name for c in m.of_role("golden")) == CASES
+    for name, n in zip(CASES, (50, 120)):
+        case = _case(name)
+        assert case.policies == POLICIES
+        requests = load_requests(GOLDEN / case.requests)
+        assert len(requests) == n
+        for policy in POLICIES:
+            eng = _engine_records(policy, name)
+            eng.check()
+            assert eng.num_kv_blocks == m.scheduler["num_blocks"] == 1500
+            assert np.array_equal(eng.request_id, [r.request_id for r in requests])
+            assert (eng.status == 0).all()  # every request finished
+            assert len(eng.step_end) > 800
+    # the burst tells the policies apart: fcfs over-admits and preempts, horizon defers
+    assert _engine_records("fcfs", CASES[1]).num_preemptions.sum() > 0
+    assert _engine_records("horizon", CASES[1]).num_preemptions.sum() == 0
+    assert _engine_records("horizon", CASES[1]).num_refreshed.max() > 0
+
+
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("policy", POLICIES)
+def test_replaying_the_engines_step_clock_gives_its_plans_and_records(policy, case):
+    eng = _engine_records(policy, case)
+    replay = ReplayCostModel.from_records(eng)
+    log = PlanLog(replay)
+    sim = _replay(policy, log, case)
+    replay.check_complete()
+    sim.check()
+
+    # The sequence of plans: one per logged step, at the logged start, of the logged shape.
+    assert len(log.plans) == len(eng.step_end) == len(sim.step_end)
+    assert [p["step"] for p in log.plans] == list(range(len(eng.step_end)))
+    np.testing.assert_allclose([p["time"] for p in log.plans], eng.step_start, rtol=0, atol=1e-12)
+    for name in STEP_COLUMNS:
+        if name in ("num_running", "num_waiting", "kv_used_blocks"):
+            continue  # recorded after the step, not in the plan log
+        got = np.array([p[name] for p in log.plans])
+        np.testing.assert_array_equal(got, getattr(eng, name), err_msg=f"plan {name}")
+    # ... and consistent contents: the ids behind the counts.
+    for p in log.plans:
+        assert len(p["decodes"]) == p["decode_tokens"]
+        assert sum(n for _, n in p["prefills"]) == p["prefill_tokens"]
+        assert len(set(p["decodes"]) | {rid for rid, _ in p["prefills"]}) == (
+            p["decode_tokens"] + p["num_prefills"]
+        )
+    preempted = sum(len(p["preempted"]) for p in log.plans)
+    assert preempted == eng.num_preemptions.sum()
+
+    # The records: per step and per request, equal to the engine's.
+    _assert_same_records(sim, eng)
+
+
+def _assert_same_records(sim: RunRecords, eng: RunRecords) -> None:
+    for name in STEP_COLUMNS:
+        np.testing.assert_array_equal(getattr(sim, name), getattr(eng, name), err_msg=name)
+    np.testing.assert_allclose(sim.step_start, eng.step_start, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(sim.step_end, eng.step_end, rtol=0, atol=1e-12)
+    for name in REQUEST_COLUMNS:
+        np.testing.assert_array_equal(getattr(sim, name), getattr(eng, name), err_msg=name)
+    np.testing.assert_allclose(sim.first_admit_time, eng.first_admit_time, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(sim.token_times, eng.token_times, rtol=0, atol=1e-12)
+    assert sim.reject_reason == eng.reject_reason
+    # Every other field too, dtypes included (new columns are compared without a change here),
+    # except step columns the log predates (loaded as all -1: unknown).
+    for f in fields(RunRecords):
+        a, b = getattr(sim, f.name), getattr(eng, f.name)
+        if f.name in TIME_COLUMNS or not isinstance(a, np.ndarray):
+            assert f.name in TIME_COLUMNS or a == b, f.name
+            continue
+        if len(b) == len(eng.step_end) and np.all(b == -1) and not np.all(a == -1):
+            continue  # not in the log
+        assert a.dtype == b.dtype, f.name
+        np.testing.assert_array_equal(a, b, err_msg=f.name)
+
+
+def test_the_golden_run_has_arrivals_during_steps():
+    """What ``arrivals_at_step_boundaries`` is for: without it a step's ``num_waiting`` counts
+    the requests that arrived while it ran, which the engine's (queued between steps) does not."""
+    eng = _engine_records("fcfs")
+    sim = _replay_instant("fcfs", eng)
+    np.testing.assert_array_equal(sim.prefill_tokens, eng.prefill_tokens)
+    np.testing.assert_array_equal(sim.decode_tokens, eng.decode_tokens)
+    assert (sim.num_waiting > eng.num_waiting).sum() > 10
+    assert (sim.num_waiting >= eng.num_waiting).all()
+
+
+def test_the_other_policys_plans_do_not_replay():
+    """Under the burst the policies' decisions differ: horizon's clock replayed with fcfs's
+    decisions (or the reverse) is detected, so the parity above is the policy's, not luck."""
+    for policy, other in (("fcfs", "horizon"), ("horizon", "fcfs")):
+        eng = _engine_records(other, CASES[1])
+        try:
+            sim = _replay(policy, ReplayCostModel.from_records(eng), CASES[1])
+        except ReplayMismatch:
+            continue
+        with pytest.raises(AssertionError):
+            _assert_same_records(sim, eng)
+
+
+def _replay_instant(policy: str, eng: RunRecords) -> RunRecords:
+    m = _manifest()
+    case = _case(CASES[0])
+    return Simulation(
+        load_requests(GOLDEN / case.requests),
+        m.scheduler_config(),
+        m.policies[policy].build(m.ttft_slo),
+        ReplayCostModel.from_records(eng),
+        max_time=case.max_time,
+    ).run()
+
+
+def test_a_perturbed_step_duration_is_detected():
+    eng = _engine_records("fcfs")
+    start, end = eng.step_start.copy(), eng.step_end.copy()
+    k = len(end) // 2
+    end[k] -= 1e-4  # step k ends earlier: step k + 1 would be planned before its logged start
+    with pytest.raises(ReplayMismatch, match=f"step {k + 1}"):
+        _replay("fcfs", ReplayCostModel(start, end))
+
+
+def test_a_longer_step_that_shifts_the_clock_is_detected():
+    """A step 0.5 ms longer, the rest of the clock shifted consistently: the replay runs (the
+    clock is self-consistent), but arrivals now fall into other steps, so the plans and records
+    are no longer the engine's, and the comparison says so."""
+    eng = _engine_records("fcfs")
+    k = 30
+    start, end = eng.step_start.copy(), eng.step_end.copy()
+    end[k:] += 5e-4
+    start[k + 1 :] += 5e-4
+    sim = _replay("fcfs", ReplayCostModel(start, end))
+    differ = [n for n in STEP_COLUMNS if not np.array_equal(getattr(sim, n), getattr(eng, n))]
+    assert "prefill_tokens" in differ and "decode_tokens" in differ
+    with pytest.raises(AssertionError):
+        _assert_same_records(sim, eng)
+
+
+def test_a_dropped_step_is_detected():
+    eng = _engine_records("fcfs")
+    k = len(eng.step_end) // 3
+    start = np.delete(eng.step_start, k)
+    end = np.delete(eng.step_end, k)
+    with pytest.raises(ReplayMismatch):
+        _replay("fcfs", ReplayCostModel(start, end))
+
+
+def test_a_live_cpu_engine_run_with_idle_gaps_replays_exactly():
+    """A real online engine run (tiny model on the CPU, wall clock) that sleeps between arrivals,
+    wakes a little late (an arrival 1 us after the one that woke it is queued before the plan)
+    and preempts in its small KV pool: replayed, it gives the engine's records. (The golden log
+    never idles after its first step.)"""
+    import torch
+    from test_engine_offline import engine, make_model, make_requests
+
+    from horizon.policies import make_policy
+
+    arrivals = [0.0, 0.0, 0.06, 0.06 + 1e-6, 0.06 + 2e-4, 0.14, 0.14, 0.145]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny matmuls: one thread is fastest
+    try:
+        e = engine(make_model(), num_blocks=14)  # small: preemptions
+        rec = e.run_online(make_requests(arrivals=arrivals), "fcfs")
+    finally:
+        torch.set_num_threads(threads)
+    assert (rec.step_start[1:] > rec.step_end[:-1]).sum() >= 2  # it idled and woke up
+    replay = ReplayCostModel.from_records(rec)
+    sim = Simulation(
+        make_requests(arrivals=arrivals),
+        e.config.scheduler_config(e.num_blocks),
+        make_policy("fcfs"),
+        replay,
+        check_every=1,
+        arrivals_at_step_boundaries=True,
+    ).run()
+    replay.check_complete()
+    _assert_same_records(sim, rec)
+
+
+def test_bad_step_clocks_are_refused():
+    with pytest.raises(ValueError, match="1-D"):
+        ReplayCostModel(np.zeros(3), np.zeros(2))
+    with pytest.raises(ValueError, match="start"):
+        ReplayCostModel(np.array([0.0, 0.5]), np.array([1.0, 2.0]))  # overlapping steps
+    with pytest.raises(ValueError, match="finite"):
+        ReplayCostModel(np.array([0.0]), np.array([np.nan]))
