@@ -1,10 +1,11 @@
-"""Cost models by name (a fitted model registers here once it exists)."""
+"""Cost models by name: roofline, fitted (profiler grid), engine_fitted (online steps)."""
 
 from __future__ import annotations
 
 from horizon.model_shape import ModelShape
 from horizon.registry import Registry
 from simulator.cost_model import CostModel, RooflineCostModel
+from simulator.engine_cost_model import EngineCostModel
 from simulator.fitted_cost_model import FittedCostModel
 from simulator.gpu import GpuSpec
 
@@ -13,7 +14,19 @@ def _builtin() -> Registry[CostModel]:
     reg: Registry[CostModel] = Registry("cost model")
     reg.register("roofline", RooflineCostModel)
     reg.register("fitted", _fitted)
+    reg.register("engine_fitted", _engine_fitted)
     return reg
+
+
+def _engine_fitted(shape: ModelShape, gpu: GpuSpec, path: str) -> CostModel:
+    """``engine_fitted``: fitted to an engine's online steps (``experiments.fidelity compare``
+    writes the file), measured on ``gpu`` for ``shape`` (checked)."""
+    model = EngineCostModel.from_file(path)
+    for key, want in (("model", shape.name), ("gpu", gpu.name)):
+        got = str(model.meta.get(key, ""))
+        if got and want not in got:
+            raise ValueError(f"{path} was measured with {key} {got}, not {want}")
+    return model
 
 
 def _fitted(shape: ModelShape, gpu: GpuSpec, path: str) -> CostModel:

@@ -2,12 +2,17 @@
 
 Two regimes, each a linear model fitted by least squares on relative error:
 
-* decode-only steps (the engine replays a CUDA graph): ``t = a + b * decodes + c * context``,
-  i.e. a fixed cost (weights read, launches) plus a per-sequence and a per-KV-token cost;
-* steps with a prefill chunk (eager): the roofline time of the step's shape (see
-  ``RooflineCostModel``) plus the same linear terms in decodes, context, prefill tokens,
-  attention pairs and chunk count, so a fixed overhead and the compute/bandwidth knee are both
-  learned.
+* decode-only steps (a CUDA graph padded to ``horizon.step_buckets.decode_buckets``):
+  ``t = a + b * bucket(decodes) + c * decodes + e * context``, i.e. a fixed cost (weights read,
+  launches) plus a per-padded-row, a per-sequence and a per-KV-token cost;
+* steps with a prefill chunk (a graph padded to ``mixed_token_buckets``): the roofline time of
+  the step's shape (see ``RooflineCostModel``) plus linear terms in the padded token count,
+  decodes, decode context, prefill tokens, prefill context (a chunk's queries walk its whole
+  prefix: latency that grows with it even for a few tokens), attention pairs and chunk count,
+  so a fixed overhead and the compute/bandwidth knee are both learned.
+
+The profiler times ``ModelRunner.execute`` alone; ``simulator.engine_cost_model`` is fitted to
+the engine's online steps instead (the scheduler's and policy's host time included).
 
 ``held_out_mape`` reports the 5-fold cross-validated error per regime; ``fit_report`` is what
 the calibration records carry. The CSV's sidecar JSON (GPU, model shape, versions, date) names
@@ -25,18 +30,23 @@ import numpy as np
 
 from horizon.model_shape import ModelShape, model_shape
 from horizon.plan import PLAN_SHAPE_FIELDS, StepPlan, plan_shape
+from horizon.step_buckets import bucket_of, decode_buckets, mixed_token_buckets
 from simulator.cost_model import RooflineCostModel
 from simulator.gpu import gpu_spec
 
 _COLUMNS = (*PLAN_SHAPE_FIELDS, "step_s")
 
 
+_DECODE_BUCKETS = decode_buckets(256)
+_MIXED_BUCKETS = mixed_token_buckets(2048)
+
+
 def _features(roof: RooflineCostModel, row: np.ndarray, prefill: bool) -> np.ndarray:
     p, d, dctx, pctx, pairs, n = row[:6]
     if not prefill:
-        return np.array([1.0, d, dctx])
+        return np.array([1.0, bucket_of(int(d), _DECODE_BUCKETS), d, dctx])
     r = roof.time_for(int(p), int(d), int(dctx), int(pctx), int(pairs), int(n))
-    return np.array([1.0, r, d, dctx, p, pairs, n])
+    return np.array([1.0, r, bucket_of(int(p + d), _MIXED_BUCKETS), d, dctx, p, pctx, pairs, n])
 
 
 def _fit(x: np.ndarray, y: np.ndarray) -> np.ndarray:

@@ -1,0 +1,237 @@
+"""A step cost model fitted to the engine's own online steps: what a step costs in the engine's
+loop, from its plan.
+
+Where ``FittedCostModel`` is fitted to ``executor.profiler``'s offline grid (``ModelRunner.execute``
+timed alone), this one is fitted to the steps of real online runs (``executor.replay``): each
+record's step row holds the plan's shape and the measured period from one plan to the next, so
+the scheduler's and the policy's host time, the padding of CUDA graphs and the loop's overhead
+are all in it. Two linear regimes, least squares on relative error:
+
+* decode-only steps (a decode graph padded to ``horizon.step_buckets.decode_buckets``)::
+
+      t = a + b * bucket(decodes) + c * decodes + e * decode_context + f * refreshed
+
+* steps with prefill chunks (a mixed graph padded to ``mixed_token_buckets``)::
+
+      t = a + b * bucket(tokens) + c * tokens + e * attention_pairs + f * prefill_context
+            + g * decode_context + h * decodes + i * chunks + k * refreshed
+
+  ``refreshed`` is ``StepPlan.num_refreshed``: requests whose predictions the policy recomputed
+  while planning (Horizon: every running request every ``refresh_every`` steps). Its coefficient
+  is the host time per refreshed request; the rest is GPU time plus the loop's fixed cost.
+
+Calibration file: a CSV (optionally gzipped) of ``STEP_COLUMNS`` rows, one per measured step,
+with a sidecar JSON (GPU, model, versions, date, the runs it came from): ``write_steps`` makes
+it from engine records.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from horizon.metrics.records import RunRecords
+from horizon.plan import PLAN_SHAPE_FIELDS, StepPlan
+from horizon.step_buckets import bucket_of, decode_buckets, mixed_token_buckets
+
+STEP_COLUMNS = (*PLAN_SHAPE_FIELDS, "num_refreshed", "step_s")
+DECODE_TERMS = ("fixed", "bucket", "decodes", "decode_context", "refreshed")
+MIXED_TERMS = (
+    "fixed",
+    "token_bucket",
+    "tokens",
+    "attention_pairs",
+    "prefill_context",
+    "decode_context",
+    "decodes",
+    "chunks",
+    "refreshed",
+)
+
+
+def step_rows(rec: RunRecords) -> np.ndarray:
+    """``[steps, len(STEP_COLUMNS)]`` of a run's records (float64). Raises ValueError for
+    records without plan columns (written before records v3)."""
+    if len(rec.num_refreshed) and rec.num_refreshed.min() < 0:
+        raise ValueError("records without plan columns (num_refreshed = -1): re-run them")
+    return np.stack(
+        [
+            rec.prefill_tokens,
+            rec.decode_tokens,
+            rec.decode_context_tokens,
+            rec.prefill_context_tokens,
+            rec.prefill_attention_pairs,
+            rec.num_prefills,
+            rec.num_refreshed,
+            rec.step_end - rec.step_start,
+        ],
+        axis=1,
+    ).astype(np.float64)
+
+
+@dataclass(frozen=True)
+class Buckets:
+    """The engine's padding rules for a scheduler configuration."""
+
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 2048
+
+    @property
+    def decode(self) -> tuple[int, ...]:
+        return decode_buckets(self.max_num_seqs)
+
+    @property
+    def mixed(self) -> tuple[int, ...]:
+        return mixed_token_buckets(self.max_num_batched_tokens)
+
+
+def features(rows: np.ndarray, buckets: Buckets) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(is_mixed, decode features, mixed features)`` of ``STEP_COLUMNS`` rows (the
+    features of the other regime's rows are computed too, and ignored)."""
+    p, d, dctx, pctx, pairs, n, ref = (rows[:, i] for i in range(7))
+    db, mb = buckets.decode, buckets.mixed
+    one = np.ones(len(rows))
+    bd = np.array([bucket_of(int(x), db) for x in d], dtype=np.float64)
+    t = p + d
+    bt = np.array([bucket_of(int(x), mb) for x in t], dtype=np.float64)
+    dec = np.stack([one, bd, d, dctx, ref], axis=1)
+    mix = np.stack([one, bt, t, pairs, pctx, dctx, d, n, ref], axis=1)
+    return p > 0, dec, mix
+
+
+def _lstsq_relative(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    w = 1.0 / y
+    coef, *_ = np.linalg.lstsq(x * w[:, None], y * w, rcond=None)
+    return coef
+
+
+@dataclass(frozen=True)
+class EngineCostModel:
+    """``step_time(plan)`` fitted to online engine steps. Build with ``fit`` or ``from_file``."""
+
+    decode_coef: tuple[float, ...]
+    mixed_coef: tuple[float, ...]
+    buckets: Buckets = Buckets()
+    meta: dict = field(default_factory=dict, compare=False)
+
+    @classmethod
+    def fit(cls, rows: np.ndarray, buckets: Buckets = Buckets(), meta: dict | None = None):  # noqa: ANN206
+        """Fit to ``STEP_COLUMNS`` rows (steps with no token are ignored).
+
+        Raises:
+            ValueError: fewer than 20 rows of a regime.
+        """
+        rows = rows[(rows[:, 0] + rows[:, 1]) > 0]
+        mixed, dec, mix = features(rows, buckets)
+        y = rows[:, -1]
+        coefs = []
+        for sel, x, name in ((~mixed, dec, "decode-only"), (mixed, mix, "mixed")):
+            if sel.sum() < 20:
+                raise ValueError(f"{int(sel.sum())} {name} steps to fit; need >= 20")
+            coefs.append(tuple(float(c) for c in _lstsq_relative(x[sel], y[sel])))
+        return cls(coefs[0], coefs[1], buckets, dict(meta or {}))
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> EngineCostModel:
+        """Fit to a calibration file of ``write_steps`` (its sidecar JSON gives the buckets)."""
+        rows, meta = read_steps(path)
+        b = meta.get("buckets", {})
+        return cls.fit(rows, Buckets(**b) if b else Buckets(), meta)
+
+    def predict_rows(self, rows: np.ndarray) -> np.ndarray:
+        mixed, dec, mix = features(rows, self.buckets)
+        out = np.where(mixed, mix @ np.array(self.mixed_coef), dec @ np.array(self.decode_coef))
+        return np.maximum(out, 1e-6)
+
+    def step_time(self, plan: StepPlan) -> float:
+        d = len(plan.decodes)
+        p = plan.num_prefill_tokens
+        if p == 0 and d == 0:
+            return 0.0
+        if p == 0:
+            c = self.decode_coef
+            x = (1.0, bucket_of(d, self.buckets.decode), d, plan.decode_context_tokens)
+        else:
+            c = self.mixed_coef
+            t = p + d
+            x = (
+                1.0,
+                bucket_of(t, self.buckets.mixed),
+                t,
+                plan.prefill_attention_pairs,
+                plan.prefill_context_tokens,
+                plan.decode_context_tokens,
+                d,
+                len(plan.prefills),
+            )
+        s = sum(a * b for a, b in zip(c, x)) + c[-1] * plan.num_refreshed
+        return max(s, 1e-6)
+
+    def report(self) -> dict:
+        """The coefficients by name, in microseconds (per unit of each term)."""
+        return {
+            "decode_only_us": dict(zip(DECODE_TERMS, (1e6 * c for c in self.decode_coef))),
+            "mixed_us": dict(zip(MIXED_TERMS, (1e6 * c for c in self.mixed_coef))),
+        }
+
+
+def mape(model, rows: np.ndarray) -> dict:  # noqa: ANN001 - anything with predict_rows
+    """Mean absolute percentage error of ``model`` on measured ``rows``, overall and by regime."""
+    rows = rows[(rows[:, 0] + rows[:, 1]) > 0]
+    err = np.abs(model.predict_rows(rows) - rows[:, -1]) / rows[:, -1]
+    mixed = rows[:, 0] > 0
+    return {
+        "all": 100 * float(err.mean()),
+        "decode_only": 100 * float(err[~mixed].mean()),
+        "mixed": 100 * float(err[mixed].mean()),
+        "steps": int(len(rows)),
+    }
+
+
+def write_steps(rows: np.ndarray, path: str | Path, meta: dict) -> None:
+    """A calibration file: ``STEP_COLUMNS`` rows as CSV (gzipped if ``path`` ends in .gz) and
+    ``meta`` as the sidecar JSON (``path`` without .gz/.csv, + .json)."""
+    p = Path(path)
+    buf = io.StringIO()
+    buf.write(",".join(STEP_COLUMNS) + "\n")
+    for r in rows:
+        buf.write(",".join(f"{int(v)}" for v in r[:-1]) + f",{r[-1]:.9g}\n")
+    data = buf.getvalue().encode()
+    p.parent.mkdir(parents=True, exist_ok=True)
+    if p.suffix == ".gz":
+        with open(p, "wb") as raw, gzip.GzipFile("", "wb", fileobj=raw, mtime=0) as f:
+            f.write(data)  # no name, mtime 0: the same rows give the same bytes
+    else:
+        p.write_bytes(data)
+    _sidecar(p).write_text(json.dumps(meta, indent=1, sort_keys=True) + "\n")
+
+
+def read_steps(path: str | Path) -> tuple[np.ndarray, dict]:
+    p = Path(path)
+    if not p.exists():
+        raise ValueError(f"calibration file {path} does not exist")
+    raw = gzip.decompress(p.read_bytes()) if p.suffix == ".gz" else p.read_bytes()
+    lines = raw.decode().splitlines()
+    header = tuple(lines[0].split(","))
+    if header != STEP_COLUMNS:
+        raise ValueError(f"{path}: columns {header}, expected {STEP_COLUMNS}")
+    rows = np.array([[float(v) for v in ln.split(",")] for ln in lines[1:] if ln], dtype=np.float64)
+    side = _sidecar(p)
+    meta = json.loads(side.read_text()) if side.exists() else {}
+    return rows.reshape(-1, len(STEP_COLUMNS)), meta
+
+
+def _sidecar(p: Path) -> Path:
+    name = p.name.removesuffix(".gz").removesuffix(".csv")
+    return p.with_name(name + ".json")
+
+
+def rows_of(records: Iterable[RunRecords]) -> np.ndarray:
+    parts: Sequence[np.ndarray] = [step_rows(r) for r in records]
+    return np.concatenate(parts) if parts else np.zeros((0, len(STEP_COLUMNS)))

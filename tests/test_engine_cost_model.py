@@ -1,0 +1,117 @@
+"""The cost model fitted to the engine's online steps (simulator/engine_cost_model.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from horizon.metrics.records import RunRecords
+from horizon.plan import StepPlan
+from horizon.request import Request
+from horizon.step_buckets import bucket_of, decode_buckets, mixed_token_buckets
+from simulator.engine_cost_model import (
+    STEP_COLUMNS,
+    EngineCostModel,
+    mape,
+    read_steps,
+    step_rows,
+    write_steps,
+)
+
+GOLDEN = Path(__file__).parent / "data" / "golden"
+DEC = (900e-6, 4e-6, 2e-6, 5e-9, 40e-6)
+MIX = (1500e-6, 1.5e-6, 0.2e-6, 1e-11, 0.1e-6, 3e-8, -1e-6, 20e-6, 45e-6)
+
+
+def _synthetic(n: int, seed: int) -> np.ndarray:
+    """Rows whose step_s follows the model's own form exactly."""
+    rng = np.random.default_rng(seed)
+    d = rng.integers(0, 200, n)
+    p = np.where(rng.random(n) < 0.4, rng.integers(1, 1800, n), 0)
+    d = np.where((p == 0) & (d == 0), 1, d)
+    chunks = np.where(p > 0, rng.integers(1, 4, n), 0)
+    pctx = p + rng.integers(0, 3000, n) * (p > 0)
+    pairs = p * (pctx - p) + p * (p + 1) // 2
+    dctx = d * rng.integers(100, 3000, n)
+    ref = np.where(rng.random(n) < 1 / 16, d, 0)
+    rows = np.stack([p, d, dctx, pctx, pairs, chunks, ref, np.zeros(n)], 1).astype(float)
+    db, mb = decode_buckets(256), mixed_token_buckets(2048)
+    for r in rows:
+        p_, d_, dctx_, pctx_, pairs_, n_, ref_ = r[:7]
+        if p_ == 0:
+            x = (1, bucket_of(int(d_), db), d_, dctx_, ref_)
+            r[7] = np.dot(DEC, x)
+        else:
+            t = p_ + d_
+            x = (1, bucket_of(int(t), mb), t, pairs_, pctx_, dctx_, d_, n_, ref_)
+            r[7] = np.dot(MIX, x)
+    return rows
+
+
+def test_fit_recovers_the_generating_coefficients_and_predicts_held_out_rows():
+    model = EngineCostModel.fit(_synthetic(3000, 0))
+    np.testing.assert_allclose(model.decode_coef, DEC, rtol=1e-6, atol=1e-12)
+    np.testing.assert_allclose(model.mixed_coef, MIX, rtol=1e-5, atol=1e-12)
+    err = mape(model, _synthetic(500, 1))
+    assert err["all"] < 1e-6 and err["steps"] == 500
+
+
+def test_step_time_of_a_plan_equals_the_row_prediction():
+    model = EngineCostModel.fit(_synthetic(2000, 2))
+    reqs = [Request(i, 0.0, 100, 10, 10) for i in range(40)]
+    decode = StepPlan(0, 0.0, tuple(reqs[:37]), (), decode_context_tokens=37 * 500,
+                      num_refreshed=37)  # fmt: skip
+    mixed = StepPlan(
+        1, 0.0, tuple(reqs[:5]), ((reqs[5], 300), (reqs[6], 20)), num_prefill_tokens=320,
+        decode_context_tokens=2500, prefill_context_tokens=300 + 1020,
+        prefill_attention_pairs=300 * 301 // 2 + 20 * 1000 + 20 * 21 // 2,
+    )  # fmt: skip
+    for plan, row in (
+        (decode, [0, 37, 37 * 500, 0, 0, 0, 37, 0]),
+        (mixed, [320, 5, 2500, 1320, mixed.prefill_attention_pairs, 2, 0, 0]),
+    ):
+        want = model.predict_rows(np.array([row], dtype=float))[0]
+        assert model.step_time(plan) == pytest.approx(want, rel=1e-12)
+    assert model.step_time(StepPlan(2, 0.0, (), ())) == 0.0
+    report = model.report()
+    assert set(report) == {"decode_only_us", "mixed_us"}
+    assert report["decode_only_us"]["refreshed"] > 0
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".csv.gz"])
+def test_calibration_file_round_trip(tmp_path, suffix):
+    rows = _synthetic(300, 3)
+    path = tmp_path / f"cal{suffix}"
+    write_steps(rows, path, {"gpu": "NVIDIA H200", "buckets": {"max_num_seqs": 256}})
+    back, meta = read_steps(path)
+    np.testing.assert_allclose(back, rows, rtol=1e-8)
+    assert meta["gpu"] == "NVIDIA H200" and (tmp_path / "cal.json").exists()
+    a = EngineCostModel.fit(rows)
+    b = EngineCostModel.from_file(path)
+    np.testing.assert_allclose(a.decode_coef, b.decode_coef, rtol=1e-6)
+    write_steps(rows, tmp_path / f"again{suffix}", {})
+    assert path.read_bytes() == (tmp_path / f"again{suffix}").read_bytes()  # deterministic
+
+
+def test_bad_inputs_are_named(tmp_path):
+    with pytest.raises(ValueError, match="does not exist"):
+        read_steps(tmp_path / "none.csv")
+    (tmp_path / "x.csv").write_text("a,b\n1,2\n")
+    with pytest.raises(ValueError, match="columns"):
+        read_steps(tmp_path / "x.csv")
+    rows = _synthetic(400, 4)
+    with pytest.raises(ValueError, match="mixed steps to fit"):
+        EngineCostModel.fit(rows[rows[:, 0] == 0])
+
+
+def test_step_rows_of_engine_records():
+    rec = RunRecords.load_npz(str(GOLDEN / "golden_burst_r800.horizon.npz"))
+    rows = step_rows(rec)
+    assert rows.shape == (len(rec.step_end), len(STEP_COLUMNS))
+    np.testing.assert_array_equal(rows[:, -1], rec.step_end - rec.step_start)
+    assert rows[:, 6].max() > 0  # horizon's refreshes are in the log
+    old = RunRecords(**{**rec.__dict__, "num_refreshed": np.full(len(rec.step_end), -1)})
+    with pytest.raises(ValueError, match="plan columns"):
+        step_rows(old)
