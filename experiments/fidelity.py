@@ -1,0 +1,126 @@
+"""How far to trust the simulator: the same workloads and policies on the engine and on the
+simulator, metric by metric.
+
+    python -m experiments.fidelity export [--out gpu_inputs/fidelity]          # CPU
+    python -m executor.replay --manifest gpu_inputs/fidelity/manifest.json --out DIR   # GPU
+    python -m experiments.fidelity compare results/fidelity/engine [--report docs/fidelity]
+
+``export`` builds the requests of every case (ShareGPT first-turn and multi-turn workloads at
+several loads, one seed; ``experiments.fidelity_manifest``) and the manifest. The GPU call
+replays them online on the engine and saves each run's records (their step rows carry the plan
+shape and the measured duration). ``compare`` fits the step cost model to the steps of the
+calibration cases, runs the simulator on the fidelity cases with it, and reports per metric
+the relative error of the simulator against the engine. Its LAST line is one JSON object.
+``results/fidelity/engine`` holds the committed engine runs; ``compare`` rebuilds the requests
+(``export``, seeded) when ``gpu_inputs/fidelity`` is absent.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from experiments.fidelity_manifest import Case, Manifest, PolicySpec
+
+MODEL = "qwen2.5-0.5b"
+SLO_PRESET = "h200_0.5b"
+SCHEDULER = {
+    "num_blocks": 1500,
+    "block_size": 16,
+    "max_num_batched_tokens": 2048,
+    "max_num_seqs": 256,
+    "max_model_len": 4096,
+    "enable_prefix_caching": True,
+    "step_mode": "event",
+}
+POLICIES = {
+    "fcfs": PolicySpec("fcfs"),
+    "memory_first": PolicySpec("memory_first"),
+    "horizon": PolicySpec(
+        "horizon", {"headroom": 0.05, "refresh_every": 16, "max_wait_s": 60.0}, "oracle"
+    ),
+}
+ALL = tuple(POLICIES)
+# (name, role, workload, rate, seed, seconds of arrivals, policies)
+CASES = (
+    ("golden_first_r40", "golden", "sharegpt_first_turn", 40.0, 2, 1.25, ("fcfs", "horizon")),
+    ("golden_burst_r800", "golden", "sharegpt_first_turn", 800.0, 3, 0.15, ("fcfs", "horizon")),
+    ("cal_first_r45", "calibration", "sharegpt_first_turn", 45.0, 1, 8.0, ALL),
+    ("cal_first_r140", "calibration", "sharegpt_first_turn", 140.0, 1, 8.0, ALL),
+    ("cal_multi_r45", "calibration", "sharegpt_multi_turn", 45.0, 1, 8.0, ALL),
+    ("first_r60", "fidelity", "sharegpt_first_turn", 60.0, 0, 10.0, ALL),
+    ("first_r120", "fidelity", "sharegpt_first_turn", 120.0, 0, 10.0, ALL),
+    ("first_r180", "fidelity", "sharegpt_first_turn", 180.0, 0, 10.0, ALL),
+    ("multi_r30", "fidelity", "sharegpt_multi_turn", 30.0, 0, 10.0, ALL),
+    ("multi_r60", "fidelity", "sharegpt_multi_turn", 60.0, 0, 10.0, ALL),
+    ("multi_r90", "fidelity", "sharegpt_multi_turn", 90.0, 0, 10.0, ALL),
+)
+DRAIN_S = 5.0  # runs stop this long after the last arrival (an overloaded queue never drains)
+
+
+def export(out: str) -> Manifest:
+    from experiments.engine_runs import _config
+    from experiments.workloads import DataSources, make_workload
+    from horizon.workload.requests_file import save_requests
+
+    outdir = Path(out)
+    outdir.mkdir(parents=True, exist_ok=True)
+    cases, slo, sources = [], None, None
+    for name, role, workload, rate, seed, seconds, policies in CASES:
+        n = max(1, round(rate * seconds))
+        cfg = _config(
+            [
+                f"model={MODEL}",
+                f"slo={SLO_PRESET}",
+                f"workload={workload}",
+                f"rate={rate}",
+                f"seed={seed}",
+                f"num_requests={n}",
+                f"model.num_blocks={SCHEDULER['num_blocks']}",
+                f"scheduler.max_model_len={SCHEDULER['max_model_len']}",
+            ]
+        )
+        sources = sources or DataSources(cfg.data)
+        slo = cfg.slo.slo
+        requests = make_workload(cfg, sources).new_requests()
+        save_requests(requests, outdir / f"{name}.json")
+        last = max(r.arrival_time for r in requests)
+        cases.append(
+            Case(name, role, workload, rate, seed, f"{name}.json", policies, last + DRAIN_S)
+        )
+        print(f"{name}: {len(requests)} requests over {last:.1f} s")
+    m = Manifest(
+        model=MODEL,
+        scheduler=dict(SCHEDULER),
+        ttft_slo=slo.ttft,
+        itl_slo=slo.itl,
+        policies=dict(POLICIES),
+        cases=tuple(cases),
+        notes={"slo_preset": SLO_PRESET, "drain_s": DRAIN_S},
+    )
+    m.save(outdir / "manifest.json")
+    return m
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    e = sub.add_parser("export")
+    e.add_argument("--out", default="gpu_inputs/fidelity")
+    c = sub.add_parser("compare")
+    c.add_argument("engine_dir")
+    c.add_argument("--manifest", default=None)
+    c.add_argument("--report", default="docs/fidelity")
+    args = ap.parse_args(argv)
+    if args.cmd == "export":
+        m = export(args.out)
+        print(json.dumps({"cases": len(m.cases), "manifest": f"{args.out}/manifest.json"}))
+    else:
+        from experiments.fidelity_compare import compare
+
+        compare(args.engine_dir, args.manifest, args.report)
+
+
+if __name__ == "__main__":
+    main()

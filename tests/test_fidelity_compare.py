@@ -1,0 +1,57 @@
+"""``experiments.fidelity compare`` end to end on the golden engine logs (tests/data/golden):
+one golden case plays the calibration runs, the other the compared runs."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from experiments.fidelity_compare import METRICS, _rank_pairs, compare
+from experiments.fidelity_manifest import Case, Manifest
+
+GOLDEN = Path(__file__).parent / "data" / "golden"
+
+
+@pytest.fixture()
+def engine_dir(tmp_path):
+    m = Manifest.load(GOLDEN / "manifest.json")
+    cases = []
+    for c, role in zip(m.of_role("golden"), ("calibration", "fidelity")):
+        cases.append(Case(**{**c.__dict__, "role": role}))
+        shutil.copy(GOLDEN / c.requests, tmp_path / c.requests)
+        for p in c.policies:
+            d = tmp_path / "runs" / c.name / p
+            d.mkdir(parents=True)
+            shutil.copy(GOLDEN / f"{c.name}.{p}.npz", d / "records.npz")
+            shutil.copy(GOLDEN / f"{c.name}.{p}.meta.json", d / "meta.json")
+    Manifest(**{**m.__dict__, "cases": tuple(cases)}).save(tmp_path / "manifest.json")
+    return tmp_path
+
+
+def test_compare_reports_every_figure(engine_dir, capsys):
+    out = engine_dir / "report"
+    result = compare(
+        str(engine_dir / "runs"), str(engine_dir / "manifest.json"), str(out),
+        calibration_out=engine_dir / "cal.csv.gz",
+    )  # fmt: skip
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert json.loads(last) == pytest.approx(result, nan_ok=True)
+    want = {"step_mape", "goodput_err_pts", "ranking_identical", *(f"{k}_err" for k in METRICS)}
+    assert want <= set(result)
+    assert 0 < result["step_mape"] < 0.5  # one light run fits the other within 50%
+    assert 0 <= result["goodput_err_pts"] <= 100
+    page = (out / "README.md").read_text()
+    assert "NVIDIA H200" in page and "golden_burst_r800" in page and "roofline" in page
+    assert (out / "table.csv").exists() and (out / "sharegpt_first_turn.png").exists()
+    assert (engine_dir / "cal.csv.gz").exists() and (engine_dir / "cal.json").exists()
+
+
+def test_ranking_ties_within_a_point():
+    a = _rank_pairs({"fcfs": 0.995, "horizon": 1.0, "memory_first": 0.2})
+    assert a[("fcfs", "horizon")] == 0  # 0.5 point apart: a tie
+    assert a[("fcfs", "memory_first")] == 1 and a[("horizon", "memory_first")] == 1
+    b = _rank_pairs({"fcfs": 0.95, "horizon": 1.0, "memory_first": 0.2})
+    assert a != b and b[("fcfs", "horizon")] == -1
