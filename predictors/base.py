@@ -80,4 +80,6 @@ def carried_forward(total: LengthDistribution, generated: int) -> LengthDistribu
 def point_mass(value: float, levels: Sequence[float] = LEVELS) -> LengthDistribution:
     """All quantiles at ``value`` (>= 1), support ``[value, value]``."""
     v = max(float(value), 1.0)
+    if levels is LEVELS:  # valid by construction: skip re-validation (the oracle's hot path)
+        return LengthDistribution._trusted(LEVELS, (v,) * len(LEVELS), v, v)
     return LengthDistribution(tuple(levels), tuple(v for _ in levels), v, v)

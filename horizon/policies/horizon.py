@@ -38,7 +38,7 @@ import numpy as np
 
 from horizon.kv_cache import KVView
 from horizon.policies.base import Policy
-from horizon.prediction import LengthPredictor
+from horizon.prediction import LengthDistribution, LengthPredictor
 from horizon.request import Request
 
 
@@ -78,7 +78,7 @@ class HorizonPolicy(Policy):
         self._grid = grid_step
         self._use = np.zeros_like(self._tau)  # expected tokens held, running requests, by tau
         self._use_step = 0  # the step at which tau = 0 for _use
-        self._mean_rem: dict[int, float] = {}  # request id -> expected remaining tokens
+        self._dist: dict[int, LengthDistribution] = {}  # request id -> latest prediction
         self._waiting_curve: tuple[int, int, np.ndarray] | None = None  # (id, tokens, curve)
         self.num_refreshes = 0
 
@@ -87,9 +87,16 @@ class HorizonPolicy(Policy):
         """Expected tokens ``r`` holds ``tau`` steps ahead (with half a block of rounding)."""
         dist = self.predictor.update(r, r.num_output_tokens)
         xs, fs = dist.knots()
-        alive = 1.0 - np.interp(self._tau, xs, fs)  # P(remaining > tau)
-        self._mean_rem[r.request_id] = dist.mean
-        return (r.num_tokens + self._tau + self._half_block) * alive
+        self._dist[r.request_id] = dist
+        # P(remaining > tau) is 0 past the support's end: compute the curve up to there only
+        # (the values are the same as over the whole grid; most requests end far before it)
+        tau = self._tau
+        n = min(len(tau), int(np.searchsorted(tau, xs[-1], side="right")))
+        out = np.zeros(len(tau))
+        head = tau[:n]
+        alive = 1.0 - np.interp(head, xs, fs)
+        out[:n] = (r.num_tokens + head + self._half_block) * alive
+        return out
 
     _half_block = 8.0
 
@@ -119,10 +126,12 @@ class HorizonPolicy(Policy):
         return out
 
     def _remaining(self, r: Request) -> float:
-        rem = self._mean_rem.get(r.request_id)
-        if rem is None:
-            rem = self._mean_rem[r.request_id] = self.predictor.update(r, r.num_output_tokens).mean
-        return rem
+        """Expected remaining tokens at the latest prediction (its mean, computed on demand:
+        only eviction reads it)."""
+        dist = self._dist.get(r.request_id)
+        if dist is None:
+            dist = self._dist[r.request_id] = self.predictor.update(r, r.num_output_tokens)
+        return dist.mean
 
     # -- the decisions -------------------------------------------------------------------------
     def waiting_key(self, req: Request, now: float) -> Any:
