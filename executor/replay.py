@@ -82,7 +82,9 @@ def _run(engine: Engine, requests, policy, out: Path, meta: dict, max_time=None)
     )
 
 
-def replay_manifest(path: str, out: str, device: str, roles: list[str] | None) -> None:
+def replay_manifest(
+    path: str, out: str, device: str, roles: list[str] | None, cases: list[str] | None = None
+) -> None:
     from experiments.fidelity_manifest import Manifest
 
     m = Manifest.load(path)
@@ -90,7 +92,7 @@ def replay_manifest(path: str, out: str, device: str, roles: list[str] | None) -
     engine = _engine(m.model, device, config)
     base = Path(path).parent
     for case in m.cases:
-        if roles and case.role not in roles:
+        if (roles and case.role not in roles) or (cases and case.name not in cases):
             continue
         for name in case.policies:
             spec = m.policies[name]
@@ -104,6 +106,7 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--manifest", help="run every case and policy of a fidelity manifest")
     ap.add_argument("--role", action="append", help="with --manifest: only cases of this role")
+    ap.add_argument("--case", action="append", help="with --manifest: only this case")
     ap.add_argument("--requests")
     ap.add_argument("--model", default="qwen2.5-0.5b")
     ap.add_argument("--policy", action="append")
@@ -114,7 +117,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--limit", type=int, default=None, help="replay only the first N requests")
     args = ap.parse_args(argv)
     if args.manifest:
-        replay_manifest(args.manifest, args.out, args.device, args.role)
+        replay_manifest(args.manifest, args.out, args.device, args.role, args.case)
         return
     if not (args.requests and args.policy and args.num_blocks):
         ap.error("give --manifest, or --requests, --policy and --num-blocks")

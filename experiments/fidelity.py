@@ -3,7 +3,8 @@ simulator, metric by metric.
 
     python -m experiments.fidelity export [--out gpu_inputs/fidelity]          # CPU
     python -m executor.replay --manifest gpu_inputs/fidelity/manifest.json --out DIR   # GPU
-    python -m experiments.fidelity compare results/fidelity/engine [--report docs/fidelity]
+    python -m experiments.fidelity compare results/fidelity/engine \
+        [--repeat results/fidelity/engine_repeat] [--report docs/fidelity]
 
 ``export`` builds the requests of every case (ShareGPT first-turn and multi-turn workloads at
 several loads, one seed; ``experiments.fidelity_manifest``) and the manifest. The GPU call
@@ -112,6 +113,7 @@ def main(argv: list[str] | None = None) -> None:
     c.add_argument("engine_dir")
     c.add_argument("--manifest", default=None)
     c.add_argument("--report", default="docs/fidelity")
+    c.add_argument("--repeat", default=None, help="a second engine run of some cases")
     args = ap.parse_args(argv)
     if args.cmd == "export":
         m = export(args.out)
@@ -119,7 +121,7 @@ def main(argv: list[str] | None = None) -> None:
     else:
         from experiments.fidelity_compare import compare
 
-        compare(args.engine_dir, args.manifest, args.report)
+        compare(args.engine_dir, args.manifest, args.report, repeat_dir=args.repeat)
 
 
 if __name__ == "__main__":

@@ -49,6 +49,16 @@ def test_compare_reports_every_figure(engine_dir, capsys):
     assert (engine_dir / "cal.csv.gz").exists() and (engine_dir / "cal.json").exists()
 
 
+def test_a_repeat_of_the_engine_is_compared_with_the_first_run(engine_dir):
+    runs = str(engine_dir / "runs")
+    result = compare(
+        runs, str(engine_dir / "manifest.json"), str(engine_dir / "report"),
+        calibration_out=engine_dir / "cal.csv.gz", repeat_dir=runs,
+    )  # fmt: skip
+    assert result["engine_repeat_goodput_diff_pts"] == 0.0  # the same runs: no difference
+    assert "engine / engine again / sim" in (engine_dir / "report" / "README.md").read_text()
+
+
 def test_ranking_ties_within_a_point():
     a = _rank_pairs({"fcfs": 0.995, "horizon": 1.0, "memory_first": 0.2})
     assert a[("fcfs", "horizon")] == 0  # 0.5 point apart: a tie
