@@ -38,6 +38,7 @@ from horizon.request import SLO
 from horizon.workload.requests_file import load_requests
 
 METRICS = ("ttft_mean", "ttft_p99", "itl_mean", "itl_p99", "e2e_mean", "e2e_p99")
+NOISE_SEEDS = (0, 1, 2)
 TIE_PTS = 1.0  # goodputs closer than this (percentage points) count as a tie in the ranking
 REPO = Path(__file__).resolve().parents[1]
 
@@ -212,19 +213,23 @@ def compare(
 
     # 2. simulate every fidelity case and policy
     slo = SLO(m.ttft_slo, m.itl_slo)
+
+    def simulate(c: Case, p: str, cost_model) -> RunRecords:  # noqa: ANN001
+        requests = load_requests(mpath.parent / c.requests)
+        _check_same_requests(runs[(c.name, p)], requests, c.name)
+        return Simulation(
+            requests,
+            sc,
+            m.policies[p].build(m.ttft_slo),
+            cost_model,
+            max_time=c.max_time,
+            arrivals_at_step_boundaries=True,
+        ).run()
+
     table = []
     for c in fid:
         for p in c.policies:
-            requests = load_requests(mpath.parent / c.requests)
-            _check_same_requests(runs[(c.name, p)], requests, c.name)
-            sim = Simulation(
-                requests,
-                sc,
-                m.policies[p].build(m.ttft_slo),
-                model,
-                max_time=c.max_time,
-                arrivals_at_step_boundaries=True,
-            ).run()
+            sim = simulate(c, p, model)
             e, s = summarize(runs[(c.name, p)], slo=slo), summarize(sim, slo=slo)
             row = {"case": c.name, "workload": c.workload, "rate": c.rate, "policy": p}
             for k in ("goodput_lifetime", "preemptions", "finished", *METRICS):
@@ -260,6 +265,24 @@ def compare(
         "goodput_err_pts": max(r["goodput_err_pts"] for r in table),
         "ranking_identical": all(v["identical"] for v in ranking.values()),
     }
+    # the same with the engine's step-time scatter (NoisyStepCost), a few seeds
+    noisy = []
+    for seed in NOISE_SEEDS:
+        errs = []
+        for c in fid:
+            for p in c.policies:
+                e = summarize(runs[(c.name, p)], slo=slo)
+                s = summarize(simulate(c, p, model.with_noise(seed)), slo=slo)
+                row = {k: _rel(s[k], e[k]) for k in METRICS}
+                row["goodput_err_pts"] = 100 * abs(s["goodput_lifetime"] - e["goodput_lifetime"])
+                errs.append(row)
+        noisy.append(errs)
+    result["with_step_noise"] = {
+        f"{k}_err" if k != "goodput_err_pts" else k: float(
+            np.median([max(r[k] for r in errs) for errs in noisy])
+        )
+        for k in (*METRICS, "goodput_err_pts")
+    }
     repeat = _repeat_rows(Path(repeat_dir), table, slo) if repeat_dir else []
     if repeat:
         result["engine_repeat_goodput_diff_pts"] = max(r["goodput_diff_pts"] for r in repeat)
@@ -270,7 +293,7 @@ def compare(
     _plots(table, out)
     _write_page(
         out / "README.md", m, meta, step_mape, model, table, ranking, result, engine_dir, repeat,
-        repeat_dir,
+        repeat_dir, noisy,
     )  # fmt: skip
     print(json.dumps(result))
     return result
@@ -338,6 +361,7 @@ def _write_page(
     edir: str,
     repeat: list[dict],
     repeat_dir: str | None,
+    noisy: list[list[dict]],
 ) -> None:
     targets = {k: 0.05 for k in result if k.endswith("_err")}
     lines = [
@@ -373,6 +397,30 @@ def _write_page(
         f"| goodput_err_pts | {g:.2f} | <= 2 | {'yes' if g <= 2 else 'no'} |",
         f"| ranking_identical | {result['ranking_identical']} | true | "
         f"{'yes' if result['ranking_identical'] else 'no'} |",
+        "",
+        "## With the engine's step-time scatter",
+        "",
+        "The same simulations with `NoisyStepCost`: each step's modelled time times a seeded "
+        "draw of the calibration steps' measured/modelled ratios (the engine's scatter; "
+        f"`cost_model_options.noise_seed`). Seeds {', '.join(map(str, NOISE_SEEDS))}: the "
+        "worst error over runs (median over seeds), and the runs within target (mean over seeds), "
+        "against the deterministic model's:",
+        "",
+        "| figure | deterministic: worst | within target | with scatter: worst | within target |",
+        "|---|---|---|---|---|",
+    ]
+    n = len(table)
+    for k in (*METRICS, "goodput_err_pts"):
+        key = k if k == "goodput_err_pts" else f"{k}_err"
+        tgt = 2.0 if k == "goodput_err_pts" else 0.05
+        fmt = (lambda v: f"{v:.1f} pts") if k == "goodput_err_pts" else _fmt_pct
+        det_in = sum(r[key] <= tgt for r in table)
+        noisy_in = np.mean([sum(r[k] <= tgt for r in errs) for errs in noisy])
+        lines.append(
+            f"| {key} | {fmt(result[key])} | {det_in}/{n} | "
+            f"{fmt(result['with_step_noise'][key])} | {noisy_in:.1f}/{n} |"
+        )
+    lines += [
         "",
         "## Cost model: held-out step error",
         "",

@@ -18,15 +18,18 @@ def _builtin() -> Registry[CostModel]:
     return reg
 
 
-def _engine_fitted(shape: ModelShape, gpu: GpuSpec, path: str) -> CostModel:
+def _engine_fitted(
+    shape: ModelShape, gpu: GpuSpec, path: str, noise_seed: int | None = None
+) -> CostModel:
     """``engine_fitted``: fitted to an engine's online steps (``experiments.fidelity compare``
-    writes the file), measured on ``gpu`` for ``shape`` (checked)."""
+    writes the file), measured on ``gpu`` for ``shape`` (checked). ``noise_seed``: time each
+    step with a seeded draw of the measured scatter (``NoisyStepCost``); None: deterministic."""
     model = EngineCostModel.from_file(path)
     for key, want in (("model", shape.name), ("gpu", gpu.name)):
         got = str(model.meta.get(key, ""))
         if got and want not in got:
             raise ValueError(f"{path} was measured with {key} {got}, not {want}")
-    return model
+    return model if noise_seed is None else model.with_noise(noise_seed)
 
 
 def _fitted(shape: ModelShape, gpu: GpuSpec, path: str) -> CostModel:

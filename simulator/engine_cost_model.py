@@ -119,6 +119,9 @@ class EngineCostModel:
     mixed_coef: tuple[float, ...]
     buckets: Buckets = Buckets()
     meta: dict = field(default_factory=dict, compare=False)
+    # measured / modelled time of every fitted step, per regime (decode-only, mixed): the
+    # empirical step-time noise ``with_noise`` samples
+    residuals: tuple[np.ndarray, np.ndarray] | None = field(default=None, compare=False, repr=False)
 
     @classmethod
     def fit(cls, rows: np.ndarray, buckets: Buckets = Buckets(), meta: dict | None = None):  # noqa: ANN206
@@ -130,12 +133,21 @@ class EngineCostModel:
         rows = rows[(rows[:, 0] + rows[:, 1]) > 0]
         mixed, dec, mix = features(rows, buckets)
         y = rows[:, -1]
-        coefs = []
+        coefs, residuals = [], []
         for sel, x, name in ((~mixed, dec, "decode-only"), (mixed, mix, "mixed")):
             if sel.sum() < 20:
                 raise ValueError(f"{int(sel.sum())} {name} steps to fit; need >= 20")
-            coefs.append(tuple(float(c) for c in _lstsq_relative(x[sel], y[sel])))
-        return cls(coefs[0], coefs[1], buckets, dict(meta or {}))
+            c = _lstsq_relative(x[sel], y[sel])
+            coefs.append(tuple(float(v) for v in c))
+            residuals.append(y[sel] / np.maximum(x[sel] @ c, 1e-6))
+        return cls(coefs[0], coefs[1], buckets, dict(meta or {}), (residuals[0], residuals[1]))
+
+    def with_noise(self, seed: int) -> NoisyStepCost:
+        """This model times an i.i.d. draw (seeded) of its own fitted steps' measured/modelled
+        ratios, per regime: steps scatter as the engine's did (see ``NoisyStepCost``)."""
+        if self.residuals is None:
+            raise ValueError("with_noise needs a model built by fit (it keeps the residuals)")
+        return NoisyStepCost(self, seed)
 
     @classmethod
     def from_file(cls, path: str | Path) -> EngineCostModel:
@@ -179,6 +191,31 @@ class EngineCostModel:
             "decode_only_us": dict(zip(DECODE_TERMS, (1e6 * c for c in self.decode_coef))),
             "mixed_us": dict(zip(MIXED_TERMS, (1e6 * c for c in self.mixed_coef))),
         }
+
+
+class NoisyStepCost:
+    """``EngineCostModel`` times a multiplicative noise drawn from its calibration residuals.
+
+    Unlike a plain cost model it is not a pure function of the plan: each call draws the next
+    ratio from a seeded generator, so a run is reproducible for a given seed and sequence of
+    plans. What it adds is the engine's step-time scatter (host jitter, a shared machine): the
+    tail of inter-token gaps and the randomness of a queue near saturation, which no
+    deterministic model produces. Draws are independent per step (slow stretches, which the
+    engine also shows, are not modelled).
+    """
+
+    def __init__(self, model: EngineCostModel, seed: int) -> None:
+        self.model = model
+        self.seed = seed
+        self._rng = np.random.default_rng(seed)
+        self._ratios = model.residuals
+
+    def step_time(self, plan: StepPlan) -> float:
+        t = self.model.step_time(plan)
+        if plan.is_empty:
+            return t
+        r = self._ratios[1 if plan.num_prefill_tokens else 0]
+        return t * float(r[self._rng.integers(len(r))])
 
 
 def mape(model, rows: np.ndarray) -> dict:  # noqa: ANN001 - anything with predict_rows

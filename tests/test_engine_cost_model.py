@@ -115,3 +115,40 @@ def test_step_rows_of_engine_records():
     old = RunRecords(**{**rec.__dict__, "num_refreshed": np.full(len(rec.step_end), -1)})
     with pytest.raises(ValueError, match="plan columns"):
         step_rows(old)
+
+
+def test_step_noise_is_the_fitted_steps_scatter_and_seeded():
+    rows = _synthetic(3000, 5)
+    rng = np.random.default_rng(6)
+    rows[:, -1] *= rng.lognormal(0.0, 0.05, len(rows))  # measured = model x 5% scatter
+    model = EngineCostModel.fit(rows)
+    reqs = [Request(i, 0.0, 100, 10, 10) for i in range(8)]
+    plan = StepPlan(0, 0.0, tuple(reqs), (), decode_context_tokens=8 * 300)
+    base = model.step_time(plan)
+    a = [model.with_noise(1).step_time(plan) for _ in range(1)]
+    noisy = model.with_noise(1)
+    draws = np.array([noisy.step_time(plan) for _ in range(4000)]) / base
+    again = model.with_noise(1)
+    assert [again.step_time(plan) for _ in range(5)] == list(base * draws[:5])  # seeded
+    assert a[0] == base * draws[0]
+    other = model.with_noise(2)
+    assert [other.step_time(plan) for _ in range(5)] != list(base * draws[:5])
+    assert 0.035 < np.std(np.log(draws)) < 0.065  # the scatter that was fitted
+    assert abs(np.median(draws) - 1) < 0.02
+    assert noisy.step_time(StepPlan(1, 0.0, (), ())) == 0.0
+    with pytest.raises(ValueError, match="residuals"):
+        EngineCostModel(model.decode_coef, model.mixed_coef).with_noise(0)
+
+
+def test_registry_builds_the_engine_fitted_model_with_and_without_noise(tmp_path):
+    from horizon.model_shape import model_shape
+    from simulator import make_cost_model
+    from simulator.gpu import gpu_spec
+
+    path = tmp_path / "cal.csv.gz"
+    write_steps(_synthetic(500, 7), path, {"gpu": "NVIDIA H200", "model": "qwen2.5-0.5b"})
+    kw = {"shape": model_shape("qwen2.5-0.5b"), "gpu": gpu_spec("H200"), "path": str(path)}
+    assert isinstance(make_cost_model("engine_fitted", **kw), EngineCostModel)
+    assert make_cost_model("engine_fitted", noise_seed=3, **kw).seed == 3
+    with pytest.raises(ValueError, match="qwen2.5-7b"):
+        make_cost_model("engine_fitted", **{**kw, "shape": model_shape("qwen2.5-7b")})
