@@ -445,6 +445,18 @@ def _write_page(
         "- decode-only: " + ", ".join(f"{k} {v:.4g}" for k, v in rep["decode_only_us"].items()),
         "- mixed: " + ", ".join(f"{k} {v:.4g}" for k, v in rep["mixed_us"].items()),
         "",
+        "Reading the model: a step replays a CUDA graph padded to a bucket, so its time is a "
+        "fixed part (the weights read once, ~240 kernel launches, the loop's host work) plus "
+        "terms in the padded size (rows of every GEMM), the KV read by decodes (context "
+        "tokens), and, with prefill chunks, the tokens, the attention pairs and the chunks' "
+        "prefix (a chunk's queries walk their whole prefix: latency even for a few tokens); "
+        "`refreshed` is host time the policy spends re-predicting running requests. The "
+        "roofline misses the fixed part (launch- and host-bound at this model size), the "
+        "profiler's grid misses the loop's host time, and a boosted tree on the same features "
+        f"does no better than the linear model ({step_mape['tree, online steps']['all']:.2f}% "
+        f"against {step_mape['linear, online steps']['all']:.2f}%); both sit near the floor "
+        "below, so the linear model is kept.",
+        "",
         "## Per case and policy (engine / simulator)",
         "",
         "| case | policy | goodput | TTFT mean (s) | TTFT p99 (s) | ITL mean (ms) | ITL p99 (ms) "
