@@ -19,17 +19,22 @@ def _builtin() -> Registry[CostModel]:
 
 
 def _engine_fitted(
-    shape: ModelShape, gpu: GpuSpec, path: str, noise_seed: int | None = None
+    shape: ModelShape,
+    gpu: GpuSpec,
+    path: str,
+    noise_seed: int | None = None,
+    noise_block_steps: int = 2000,
 ) -> CostModel:
     """``engine_fitted``: fitted to an engine's online steps (``experiments.fidelity compare``
-    writes the file), measured on ``gpu`` for ``shape`` (checked). ``noise_seed``: time each
-    step with a seeded draw of the measured scatter (``NoisyStepCost``); None: deterministic."""
+    writes the file), measured on ``gpu`` for ``shape`` (checked). ``noise_seed``: time steps
+    with a seeded block resampling of the measured scatter (``NoisyStepCost``, blocks of
+    ``noise_block_steps`` decode steps); None: deterministic."""
     model = EngineCostModel.from_file(path)
     for key, want in (("model", shape.name), ("gpu", gpu.name)):
         got = str(model.meta.get(key, ""))
         if got and want not in got:
             raise ValueError(f"{path} was measured with {key} {got}, not {want}")
-    return model if noise_seed is None else model.with_noise(noise_seed)
+    return model if noise_seed is None else model.with_noise(noise_seed, noise_block_steps)
 
 
 def _fitted(shape: ModelShape, gpu: GpuSpec, path: str) -> CostModel:

@@ -119,8 +119,8 @@ class EngineCostModel:
     mixed_coef: tuple[float, ...]
     buckets: Buckets = Buckets()
     meta: dict = field(default_factory=dict, compare=False)
-    # measured / modelled time of every fitted step, per regime (decode-only, mixed): the
-    # empirical step-time noise ``with_noise`` samples
+    # measured / modelled time of every fitted step, per regime (decode-only, mixed), in the
+    # order measured: the empirical step-time noise ``with_noise`` resamples
     residuals: tuple[np.ndarray, np.ndarray] | None = field(default=None, compare=False, repr=False)
 
     @classmethod
@@ -142,12 +142,13 @@ class EngineCostModel:
             residuals.append(y[sel] / np.maximum(x[sel] @ c, 1e-6))
         return cls(coefs[0], coefs[1], buckets, dict(meta or {}), (residuals[0], residuals[1]))
 
-    def with_noise(self, seed: int) -> NoisyStepCost:
-        """This model times an i.i.d. draw (seeded) of its own fitted steps' measured/modelled
-        ratios, per regime: steps scatter as the engine's did (see ``NoisyStepCost``)."""
+    def with_noise(self, seed: int, block_steps: int = 2000) -> NoisyStepCost:
+        """This model times a seeded block resampling of its own fitted steps'
+        measured/modelled ratios: steps scatter, and drift, as the engine's did (see
+        ``NoisyStepCost``)."""
         if self.residuals is None:
             raise ValueError("with_noise needs a model built by fit (it keeps the residuals)")
-        return NoisyStepCost(self, seed)
+        return NoisyStepCost(self, seed, block_steps)
 
     @classmethod
     def from_file(cls, path: str | Path) -> EngineCostModel:
@@ -194,28 +195,49 @@ class EngineCostModel:
 
 
 class NoisyStepCost:
-    """``EngineCostModel`` times a multiplicative noise drawn from its calibration residuals.
+    """``EngineCostModel`` times a multiplicative noise resampled from its calibration steps.
 
-    Unlike a plain cost model it is not a pure function of the plan: each call draws the next
-    ratio from a seeded generator, so a run is reproducible for a given seed and sequence of
-    plans. What it adds is the engine's step-time scatter (host jitter, a shared machine): the
-    tail of inter-token gaps and the randomness of a queue near saturation, which no
-    deterministic model produces. Draws are independent per step (slow stretches, which the
-    engine also shows, are not modelled).
+    The calibration steps' measured/modelled ratios, in the order they were measured, are
+    resampled in blocks (a moving-block bootstrap): a block of ``block_steps`` consecutive
+    decode-only ratios (mixed steps: a block of proportionally fewer consecutive ones), then
+    another block from a random place, and so on. Blocks keep what made the engine's runs
+    differ from each other: stretches of seconds in which every step ran slower (a shared
+    machine), besides the per-step jitter. ``block_steps=1`` draws each step independently.
+
+    Unlike a plain cost model it is not a pure function of the plan: it is reproducible for a
+    given seed and sequence of plans. Run a few seeds to see the spread a result has on the
+    engine; the deterministic model gives its centre.
     """
 
-    def __init__(self, model: EngineCostModel, seed: int) -> None:
+    def __init__(self, model: EngineCostModel, seed: int, block_steps: int = 2000) -> None:
+        if not (isinstance(block_steps, int) and block_steps >= 1):
+            raise ValueError(f"block_steps must be an int >= 1, got {block_steps!r}")
         self.model = model
         self.seed = seed
+        self.block_steps = block_steps
         self._rng = np.random.default_rng(seed)
-        self._ratios = model.residuals
+        dec, mix = model.residuals
+        self._ratios = (dec, mix)
+        share = len(mix) / max(len(dec), 1)
+        mixed_block = max(1, min(round(block_steps * share), len(mix)))
+        self._block = (min(block_steps, len(dec)), mixed_block)
+        self._pos = [0, 0]
+        self._left = [0, 0]
 
     def step_time(self, plan: StepPlan) -> float:
         t = self.model.step_time(plan)
         if plan.is_empty:
             return t
-        r = self._ratios[1 if plan.num_prefill_tokens else 0]
-        return t * float(r[self._rng.integers(len(r))])
+        i = 1 if plan.num_prefill_tokens else 0
+        r = self._ratios[i]
+        if self._left[i] == 0:
+            b = self._block[i]
+            self._pos[i] = int(self._rng.integers(0, len(r) - b + 1))
+            self._left[i] = b
+        ratio = r[self._pos[i]]
+        self._pos[i] += 1
+        self._left[i] -= 1
+        return t * float(ratio)
 
 
 def mape(model, rows: np.ndarray) -> dict:  # noqa: ANN001 - anything with predict_rows

@@ -125,16 +125,24 @@ def test_step_noise_is_the_fitted_steps_scatter_and_seeded():
     reqs = [Request(i, 0.0, 100, 10, 10) for i in range(8)]
     plan = StepPlan(0, 0.0, tuple(reqs), (), decode_context_tokens=8 * 300)
     base = model.step_time(plan)
-    a = [model.with_noise(1).step_time(plan) for _ in range(1)]
-    noisy = model.with_noise(1)
+    a = [model.with_noise(1, block_steps=20).step_time(plan) for _ in range(1)]
+    noisy = model.with_noise(1, block_steps=20)
     draws = np.array([noisy.step_time(plan) for _ in range(4000)]) / base
-    again = model.with_noise(1)
+    again = model.with_noise(1, block_steps=20)
     assert [again.step_time(plan) for _ in range(5)] == list(base * draws[:5])  # seeded
     assert a[0] == base * draws[0]
-    other = model.with_noise(2)
+    other = model.with_noise(2, block_steps=20)
     assert [other.step_time(plan) for _ in range(5)] != list(base * draws[:5])
     assert 0.035 < np.std(np.log(draws)) < 0.065  # the scatter that was fitted
     assert abs(np.median(draws) - 1) < 0.02
+    # blocks: consecutive decode steps take consecutive measured ratios (slow stretches stay)
+    res = model.residuals[0]  # ratios of the fitted decode-only steps, in measured order
+    run = model.with_noise(9, block_steps=50)
+    seq = np.array([run.step_time(plan) for _ in range(50)]) / base
+    start = int(np.flatnonzero(np.isclose(res, seq[0]))[0])
+    np.testing.assert_allclose(seq, res[start : start + 50])
+    with pytest.raises(ValueError, match="block_steps"):
+        model.with_noise(0, block_steps=0)
     assert noisy.step_time(StepPlan(1, 0.0, (), ())) == 0.0
     with pytest.raises(ValueError, match="residuals"):
         EngineCostModel(model.decode_coef, model.mixed_coef).with_noise(0)

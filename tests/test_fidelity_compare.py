@@ -40,6 +40,9 @@ def test_compare_reports_every_figure(engine_dir, capsys):
     last = capsys.readouterr().out.strip().splitlines()[-1]
     printed = json.loads(last)
     noise = printed.pop("with_step_noise")
+    inside, total = (int(v) for v in printed.pop("engine_goodput_in_sim_band").split("/"))
+    assert total == 2 and 0 <= inside <= 2
+    assert result.pop("engine_goodput_in_sim_band") == f"{inside}/{total}"
     assert printed == pytest.approx({k: v for k, v in result.items() if k != "with_step_noise"})
     assert noise == pytest.approx(result["with_step_noise"])
     assert set(noise) == {"goodput_err_pts", *(f"{k}_err" for k in METRICS)}
@@ -60,6 +63,7 @@ def test_a_repeat_of_the_engine_is_compared_with_the_first_run(engine_dir):
         calibration_out=engine_dir / "cal.csv.gz", repeat_dir=runs,
     )  # fmt: skip
     assert result["engine_repeat_goodput_diff_pts"] == 0.0  # the same runs: no difference
+    assert result["engine_repeat_in_sim_band"] == result["engine_goodput_in_sim_band"]
     assert "engine / engine again / sim" in (engine_dir / "report" / "README.md").read_text()
 
 
