@@ -76,6 +76,11 @@ class Request:
         prompt_token_ids: the prompt's ids when known (prefix caching hashes them).
         conversation_id / turn_index: for multi-turn workloads (a later turn's prompt carries the
             history).
+        output_token_ids: the trace's reply ids when known, i.e. what the engine generates when
+            replaying the trace; its length must equal ``true_output_tokens``. Like
+            ``true_output_tokens``, all but the tokens generated so far are the future: a
+            (non-oracle) predictor may read only ``output_token_ids[:num_output_tokens]``, the
+            text a real engine has when it re-predicts, never beyond. Shared, not copied.
 
     Raises:
         ValueError: naming the field, for any value a workload file could get wrong.
@@ -91,6 +96,7 @@ class Request:
         "prompt_token_ids",
         "conversation_id",
         "turn_index",
+        "output_token_ids",
         "status",
         "_computed",
         "_output",
@@ -112,6 +118,7 @@ class Request:
         prompt_token_ids: tuple[int, ...] | None = None,
         conversation_id: int = -1,
         turn_index: int = 0,
+        output_token_ids: tuple[int, ...] | None = None,
     ) -> None:
         if not isinstance(arrival_time, (int, float)) or not math.isfinite(arrival_time):
             raise ValueError(
@@ -144,6 +151,11 @@ class Request:
                 f"request {request_id}: len(prompt_token_ids)={len(prompt_token_ids)} differs from "
                 f"num_prompt_tokens={num_prompt_tokens}"
             )
+        if output_token_ids is not None and len(output_token_ids) != true_output_tokens:
+            raise ValueError(
+                f"request {request_id}: len(output_token_ids)={len(output_token_ids)} differs "
+                f"from true_output_tokens={true_output_tokens}"
+            )
         self.request_id = request_id
         self.arrival_time = float(arrival_time)
         self.num_prompt_tokens = num_prompt_tokens
@@ -153,6 +165,7 @@ class Request:
         self.prompt_token_ids = prompt_token_ids
         self.conversation_id = conversation_id
         self.turn_index = turn_index
+        self.output_token_ids = output_token_ids
         self.status = RequestStatus.WAITING
         self._computed = 0
         self._output = 0

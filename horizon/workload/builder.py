@@ -44,6 +44,7 @@ class Workload:
                 prompt_token_ids=r.prompt_token_ids,
                 conversation_id=r.conversation_id,
                 turn_index=r.turn_index,
+                output_token_ids=r.output_token_ids,
             )
             for r in self.requests
         )
@@ -105,11 +106,21 @@ def build_workload(
             prompt_token_ids=s.prompt_token_ids,
             conversation_id=s.conversation_id,
             turn_index=s.turn_index,
+            output_token_ids=reply_token_ids(tokenized, s) if config.source == "sharegpt" else None,
         )
         for i, (s, t) in enumerate(zip(specs, times, strict=True))
     )
     stats = _stats(config, tokenized, trace, specs, tally)
     return Workload(config=config, requests=requests, stats=stats)
+
+
+def reply_token_ids(tokenized: TokenizedCorpus | None, spec: RequestSpec) -> tuple[int, ...]:
+    """The ids a ShareGPT request's engine replay generates: its reply turn's ids, cut to the
+    spec's (capped) ``output_tokens``, so ``len == true_output_tokens``."""
+    assert tokenized is not None and spec.conversation_id >= 0
+    reply = tokenized.turn_ids(spec.conversation_id, 2 * spec.turn_index + 1)
+    assert len(reply) >= spec.output_tokens
+    return tuple(reply[: spec.output_tokens].tolist())
 
 
 def _check_inputs(

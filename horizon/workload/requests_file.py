@@ -18,7 +18,8 @@ VERSION = 1
 
 
 def save_requests(requests: Sequence[Request], path: str | os.PathLike[str]) -> None:
-    """Write fresh copies' fields (arrival, lengths, prompt ids, SLO) of ``requests``."""
+    """Write fresh copies' fields (arrival, lengths, prompt ids, SLO, and the reply's ids when
+    known: ``output_ids``, optional, absent from older files) of ``requests``."""
     rows = [
         {
             "id": r.request_id,
@@ -30,6 +31,7 @@ def save_requests(requests: Sequence[Request], path: str | os.PathLike[str]) -> 
             "conversation": r.conversation_id,
             "turn": r.turn_index,
             "slo": [r.slo.ttft, r.slo.itl] if r.slo is not None else None,
+            "output_ids": list(r.output_token_ids) if r.output_token_ids is not None else None,
         }
         for r in requests
     ]
@@ -51,6 +53,7 @@ def load_requests(path: str | os.PathLike[str]) -> list[Request]:
     for row in doc["requests"]:
         ids = row["prompt_ids"]
         slo = row["slo"]
+        out_ids = row.get("output_ids")  # optional: older files do not have it
         out.append(
             Request(
                 row["id"],
@@ -62,6 +65,7 @@ def load_requests(path: str | os.PathLike[str]) -> list[Request]:
                 prompt_token_ids=tuple(ids) if ids is not None else None,
                 conversation_id=row["conversation"],
                 turn_index=row["turn"],
+                output_token_ids=tuple(out_ids) if out_ids is not None else None,
             )
         )
     return out
