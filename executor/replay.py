@@ -26,16 +26,16 @@ import torch
 from executor.bench import device_random_weights
 from executor.engine import Engine, EngineConfig
 from executor.model import CausalLM, ModelConfig
-from horizon.policies import make_policy
 from horizon.workload.requests_file import load_requests
 
 
 def _policy(name: str, ttft: float):  # noqa: ANN202
-    if name == "horizon_oracle":
-        from predictors import make_predictor
+    """A registered policy by name, or ``horizon_oracle``: horizon with the oracle predictor."""
+    from experiments.fidelity_manifest import PolicySpec
 
-        return make_policy("horizon", predictor=make_predictor("oracle"), ttft_slo=ttft)
-    return make_policy(name)
+    if name == "horizon_oracle":
+        return PolicySpec("horizon", predictor="oracle").build(ttft)
+    return PolicySpec(name).build(ttft)
 
 
 def _engine(model_name: str, device: str, config: EngineConfig) -> Engine:

@@ -149,6 +149,13 @@ def _rank_pairs(goodput: dict[str, float]) -> dict[tuple[str, str], int]:
     return out
 
 
+def _errors(sim: dict, eng: dict) -> dict[str, float]:
+    """Relative error of each latency metric, and the goodput gap in percentage points."""
+    out = {k: _rel(sim[k], eng[k]) for k in METRICS}
+    out["goodput_err_pts"] = 100 * abs(sim["goodput_lifetime"] - eng["goodput_lifetime"])
+    return out
+
+
 def _rel(sim: float, eng: float) -> float:
     if not (math.isfinite(sim) and math.isfinite(eng)) or eng == 0:
         return math.nan
@@ -189,12 +196,14 @@ def compare(
     buckets = Buckets(sc.max_num_seqs, sc.max_num_batched_tokens)
 
     # 1. cost models, scored on held-out steps
+    keys = [(c, p) for c in fid for p in c.policies]  # the compared runs, in table order
+    run_rows = {(c.name, p): rows_of([runs[(c.name, p)]]) for c, p in keys}
     cal_rows = rows_of(runs[(c.name, p)] for c in cal for p in c.policies)
-    fid_rows = rows_of(runs[(c.name, p)] for c in fid for p in c.policies)
+    fid_rows = np.concatenate(list(run_rows.values()))
     cands = _candidates(m, cal_rows, buckets)
     step_mape = {name: mape(model, fid_rows) for name, model in cands.items()}
     step_mape["linear, each run fitted to itself"] = _self_fit_mape(
-        [rows_of([runs[(c.name, p)]]) for c in fid for p in c.policies], buckets
+        list(run_rows.values()), buckets
     )
     model: EngineCostModel = cands["linear, online steps"]
     cal_meta = {
@@ -217,11 +226,13 @@ def compare(
     # 2. simulate every fidelity case and policy
     slo = SLO(m.ttft_slo, m.itl_slo)
 
+    for c, p in keys:
+        _check_same_requests(runs[(c.name, p)], load_requests(mpath.parent / c.requests), c.name)
+    engine = {(c.name, p): summarize(runs[(c.name, p)], slo=slo) for c, p in keys}
+
     def simulate(c: Case, p: str, cost_model) -> RunRecords:  # noqa: ANN001
-        requests = load_requests(mpath.parent / c.requests)
-        _check_same_requests(runs[(c.name, p)], requests, c.name)
         return Simulation(
-            requests,
+            load_requests(mpath.parent / c.requests),  # fresh requests: a run mutates them
             sc,
             m.policies[p].build(m.ttft_slo),
             cost_model,
@@ -230,29 +241,24 @@ def compare(
         ).run()
 
     table = []
-    for c in fid:
-        for p in c.policies:
-            sim = simulate(c, p, model)
-            e, s = summarize(runs[(c.name, p)], slo=slo), summarize(sim, slo=slo)
-            row = {"case": c.name, "workload": c.workload, "rate": c.rate, "policy": p}
-            for k in ("goodput_lifetime", "preemptions", "finished", *METRICS):
-                row[f"{k}_engine"], row[f"{k}_sim"] = e[k], s[k]
-            for k in METRICS:
-                row[f"{k}_err"] = _rel(s[k], e[k])
-            row["goodput_err_pts"] = 100 * abs(s["goodput_lifetime"] - e["goodput_lifetime"])
-            rows = rows_of([runs[(c.name, p)]])
-            row["model_bias"] = float(model.predict_rows(rows).sum() / rows[:, -1].sum() - 1)
-            row["steps_engine"], row["steps_sim"] = (
-                len(runs[(c.name, p)].step_end),
-                len(sim.step_end),
-            )
-            table.append(row)
-            print(
-                f"{c.name:12s} {p:13s} goodput {e['goodput_lifetime']:.3f}/"
-                f"{s['goodput_lifetime']:.3f}  ttft p99 {e['ttft_p99']:.4f}/{s['ttft_p99']:.4f}"
-                f"  itl p99 {1e3 * e['itl_p99']:.2f}/{1e3 * s['itl_p99']:.2f} ms",
-                flush=True,
-            )
+    for c, p in keys:
+        sim = simulate(c, p, model)
+        e, s = engine[(c.name, p)], summarize(sim, slo=slo)
+        row = {"case": c.name, "workload": c.workload, "rate": c.rate, "policy": p}
+        for k in ("goodput_lifetime", "preemptions", "finished", *METRICS):
+            row[f"{k}_engine"], row[f"{k}_sim"] = e[k], s[k]
+        err = _errors(s, e)
+        row.update({(k if k == "goodput_err_pts" else f"{k}_err"): v for k, v in err.items()})
+        rows = run_rows[(c.name, p)]
+        row["model_bias"] = float(model.predict_rows(rows).sum() / rows[:, -1].sum() - 1)
+        row["steps_engine"], row["steps_sim"] = len(rows), len(sim.step_end)
+        table.append(row)
+        print(
+            f"{c.name:12s} {p:13s} goodput {e['goodput_lifetime']:.3f}/"
+            f"{s['goodput_lifetime']:.3f}  ttft p99 {e['ttft_p99']:.4f}/{s['ttft_p99']:.4f}"
+            f"  itl p99 {1e3 * e['itl_p99']:.2f}/{1e3 * s['itl_p99']:.2f} ms",
+            flush=True,
+        )
 
     # 3. worst errors, ranking
     ranking = {}
@@ -272,13 +278,9 @@ def compare(
     noisy = []
     for seed in NOISE_SEEDS:
         errs = []
-        for case, r in zip((c for c in fid for _ in c.policies), table):
-            e = summarize(runs[(case.name, r["policy"])], slo=slo)
-            s = summarize(simulate(case, r["policy"], model.with_noise(seed)), slo=slo)
-            row = {k: _rel(s[k], e[k]) for k in METRICS}
-            row["goodput_err_pts"] = 100 * abs(s["goodput_lifetime"] - e["goodput_lifetime"])
-            row["goodput"] = s["goodput_lifetime"]
-            errs.append(row)
+        for c, p in keys:
+            s = summarize(simulate(c, p, model.with_noise(seed)), slo=slo)
+            errs.append(_errors(s, engine[(c.name, p)]) | {"goodput": s["goodput_lifetime"]})
         noisy.append(errs)
     for i, r in enumerate(table):  # the simulator's spread over seeds, per run
         g = [errs[i]["goodput"] for errs in noisy]
@@ -295,7 +297,6 @@ def compare(
     repeat = _repeat_rows(Path(repeat_dir), table, slo) if repeat_dir else []
     if repeat:
         result["engine_repeat_in_sim_band"] = f"{sum(r['in_band'] for r in repeat)}/{len(repeat)}"
-    if repeat:
         result["engine_repeat_goodput_diff_pts"] = max(r["goodput_diff_pts"] for r in repeat)
     out = Path(report)
     out.mkdir(parents=True, exist_ok=True)

@@ -125,12 +125,12 @@ def test_step_noise_is_the_fitted_steps_scatter_and_seeded():
     reqs = [Request(i, 0.0, 100, 10, 10) for i in range(8)]
     plan = StepPlan(0, 0.0, tuple(reqs), (), decode_context_tokens=8 * 300)
     base = model.step_time(plan)
-    a = [model.with_noise(1, block_steps=20).step_time(plan) for _ in range(1)]
+    first = model.with_noise(1, block_steps=20).step_time(plan)
     noisy = model.with_noise(1, block_steps=20)
     draws = np.array([noisy.step_time(plan) for _ in range(4000)]) / base
     again = model.with_noise(1, block_steps=20)
     assert [again.step_time(plan) for _ in range(5)] == list(base * draws[:5])  # seeded
-    assert a[0] == base * draws[0]
+    assert first == base * draws[0]
     other = model.with_noise(2, block_steps=20)
     assert [other.step_time(plan) for _ in range(5)] != list(base * draws[:5])
     assert 0.035 < np.std(np.log(draws)) < 0.065  # the scatter that was fitted
