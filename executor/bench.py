@@ -19,7 +19,9 @@ Figures per row:
                  device-to-device copy); "roofline_read" counts only the bytes a decode step
                  reads (all but an untied input embedding, of which it reads one row)
     graph_ms     GPU time of one replay of the step's decode graph (CUDA events): ms/step minus
-                 this is the host's share (scheduler, inputs, sampling read-back)
+                 this is what the GPU waits for the host (scheduler, inputs, read-back)
+    serial ms    ms/step of the same engine run serially (``async_steps=False``: each step's
+                 tokens read before the next is planned), the baseline of pipelining
 
 The last line printed is one JSON object with every figure.
 """
@@ -27,6 +29,7 @@ The last line printed is one JSON object with every figure.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import statistics
@@ -138,7 +141,8 @@ def ours(engine, prompts: torch.Tensor, repeats: int) -> dict:  # noqa: ANN001
 def _decode_phase(rec, wall: float, c: int) -> dict:  # noqa: ANN001
     prefill = rec.prefill_tokens
     i0 = int(max(i for i in range(len(prefill)) if prefill[i] > 0)) + 1
-    span = float(rec.step_end[-1] - rec.step_start[i0])
+    # from the last prefill step's end: a pipelined engine plans step i0 before that
+    span = float(rec.step_end[-1] - rec.step_end[i0 - 1])
     steps = len(prefill) - i0
     tokens = int(rec.decode_tokens[i0:].sum())
     return {
@@ -188,24 +192,30 @@ def _hf_model(model: CausalLM):  # noqa: ANN202
     return build(model.config, model.embed_tokens.weight.dtype, model)
 
 
+def bench_engine(model: CausalLM, concurrency: int, **config):  # noqa: ANN003, ANN201
+    """The benchmark's engine: KV and sequence limits for ``concurrency`` requests of
+    ``PROMPT_TOKENS + NEW_TOKENS``; ``config``: other ``EngineConfig`` fields."""
+    from executor.engine import Engine, EngineConfig
+
+    per_req = -(-(PROMPT_TOKENS + NEW_TOKENS) // 16)
+    return Engine(
+        model,
+        EngineConfig(
+            num_blocks=concurrency * per_req + 64,
+            max_num_seqs=max(concurrency, 8),
+            max_model_len=PROMPT_TOKENS + NEW_TOKENS + 16,
+            **config,
+        ),
+    )
+
+
 def bench_model(
     name: str, concurrency: list[int], bw: float, seed: int, repeats: int, with_hf: bool
 ) -> list[dict]:
-    from executor.engine import Engine, EngineConfig
-
     config = ModelConfig.for_preset(name)
     model = CausalLM(config, device="cuda", dtype=torch.bfloat16)
     device_random_weights(model, seed)
-    cmax = max(concurrency)
-    per_req = -(-(PROMPT_TOKENS + NEW_TOKENS) // 16)
-    engine = Engine(
-        model,
-        EngineConfig(
-            num_blocks=cmax * per_req + 64,
-            max_num_seqs=max(cmax, 8),
-            max_model_len=PROMPT_TOKENS + NEW_TOKENS + 16,
-        ),
-    )
+    engine = bench_engine(model, max(concurrency))
     t0 = time.perf_counter()
     engine.warmup()
     print(f"{name}: decode graphs captured in {time.perf_counter() - t0:.1f} s", flush=True)
@@ -218,6 +228,10 @@ def bench_model(
         row["roofline_read_ms"] = read_ms
         o = ours(engine, prompts, repeats)
         o["graph_ms"] = graph_ms(engine, c)
+        piped = engine.config
+        engine.config = dataclasses.replace(piped, async_steps=False)  # the baseline, same run
+        o["serial_ms_per_step"] = ours(engine, prompts, repeats)["ms_per_step"]
+        engine.config = piped
         row["ours"] = o | {
             "roofline_fraction": roofline_ms / o["ms_per_step"],
             "roofline_read_fraction": read_ms / o["ms_per_step"],
@@ -271,7 +285,7 @@ def _table(rows: list[dict]) -> str:
     head = (
         f"{'model':<14}{'c':>4} {'ms/step':>8} {'HF ms':>8} {'decode tok/s':>13} "
         f"{'HF tok/s':>10} {'x HF':>6} {'e2e tok/s':>10} {'x HF e2e':>9} {'roofline':>9} "
-        f"{'graph ms':>9}"
+        f"{'graph ms':>9} {'serial ms':>9}"
     )
     lines = [head]
     nan = float("nan")
@@ -282,7 +296,8 @@ def _table(rows: list[dict]) -> str:
             f"{h.get('ms_per_step', nan):>8.2f} {o['decode_tok_s']:>13,.0f} "
             f"{h.get('decode_tok_s', nan):>10,.0f} {r.get('decode_speedup', nan):>6.1f} "
             f"{o['e2e_tok_s']:>10,.0f} {r.get('e2e_speedup', nan):>9.1f} "
-            f"{o['roofline_fraction']:>9.2f} {o.get('graph_ms') or nan:>9.3f}"
+            f"{o['roofline_fraction']:>9.2f} {o.get('graph_ms') or nan:>9.3f} "
+            f"{o.get('serial_ms_per_step', nan):>9.3f}"
         )
     return "\n".join(lines)
 

@@ -61,6 +61,11 @@ class EngineConfig:
         mixed_graphs: replay steps with prefill chunks from CUDA graphs too (padded to
             ``horizon.step_buckets.mixed_token_buckets``); None: with ``cuda_graphs``.
         graph_batch_sizes: decode batch buckets of the graphs.
+        async_steps: submit each step before reading the previous step's tokens, so the host's
+            work (scheduler, input staging) overlaps the GPU's; only with ``stop="trace"``,
+            whose stopping needs no token values. None: on with it. A step's recorded start is
+            when it was planned (possibly before the previous step's end), its end when the
+            host has its tokens; ``RunRecords.step_durations`` gives each step's own time.
         seed: run seed of sampling (request ``r`` draws with ``seed * 1_000_003 + r + 1`` when its
             params leave the seed at 0) and of
             synthetic prompt ids for requests that carry none.
@@ -79,6 +84,7 @@ class EngineConfig:
     cuda_graphs: bool | None = None
     mixed_graphs: bool | None = None
     graph_batch_sizes: tuple[int, ...] = GRAPH_BATCH_SIZES
+    async_steps: bool | None = None
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -95,7 +101,17 @@ class EngineConfig:
             )
         if self.stop not in STOP_RULES:
             raise ValueError(f"EngineConfig.stop must be one of {STOP_RULES}, got {self.stop!r}")
+        if self.async_steps and self.stop != "trace":
+            raise ValueError(
+                'EngineConfig.async_steps needs stop="trace": with "eos" the next step depends on '
+                "the tokens of this one"
+            )
         self.scheduler_config(1)  # checks the scheduler's fields
+
+    @property
+    def pipelined(self) -> bool:
+        """Whether runs submit a step before reading the previous one's tokens."""
+        return self.stop == "trace" if self.async_steps is None else self.async_steps
 
     def scheduler_config(self, num_blocks: int) -> SchedulerConfig:
         return SchedulerConfig(
@@ -260,29 +276,13 @@ class Engine:
         self, sched: Scheduler, pending: list[Request], start: float, max_time: float | None
     ) -> RunRecords:
         end = math.inf if max_time is None else max_time
-        clock = time.perf_counter
         gc_was_enabled = gc.isenabled()
         gc.disable()  # a collection pause would land in some step's measured time
         try:
-            now = clock() - start
-            while now < end:
-                while pending and pending[-1].arrival_time <= now:
-                    sched.add(pending.pop())
-                if not sched.has_work:
-                    if not pending:
-                        break
-                    now = self._idle(sched, pending, start, end)
-                    continue
-                plan = sched.schedule(now)
-                result = self._execute(plan)
-                now = clock() - start
-                sched.update(plan, result, now)
-                if (
-                    plan.is_empty and not sched.running
-                ):  # the policy admits nothing until more arrive
-                    if not pending:
-                        break
-                    now = self._idle(sched, pending, start, end)
+            if self.config.pipelined:
+                self._run_pipelined(sched, pending, start, end)
+            else:
+                self._run_serial(sched, pending, start, end)
         finally:
             if gc_was_enabled:
                 gc.enable()
@@ -290,6 +290,87 @@ class Engine:
         sched.check_integrity()
         self.outputs.update(self.runner.unfinished())  # cut off by max_time
         return sched.recorder.build()
+
+    def _run_serial(
+        self, sched: Scheduler, pending: list[Request], start: float, end: float
+    ) -> None:
+        """schedule -> execute (tokens read back) -> update, one step at a time."""
+        clock = time.perf_counter
+        now = clock() - start
+        while now < end:
+            while pending and pending[-1].arrival_time <= now:
+                sched.add(pending.pop())
+            if not sched.has_work:
+                if not pending:
+                    break
+                now = self._idle(sched, pending, start, end)
+                continue
+            plan = sched.schedule(now)
+            result = self._execute(plan)
+            now = clock() - start
+            sched.update(plan, result, now)
+            if plan.is_empty and not sched.running:  # the policy admits nothing until more arrive
+                if not pending:
+                    break
+                now = self._idle(sched, pending, start, end)
+
+    def _run_pipelined(
+        self, sched: Scheduler, pending: list[Request], start: float, end: float
+    ) -> None:
+        """schedule N+1 -> submit N+1 -> read N's tokens -> update N+1: the host prepares a step
+        while the GPU runs the one before it.
+
+        With ``stop="trace"`` the scheduler needs no token values, so ``update`` runs right after
+        ``submit`` with the step's finished requests; the step's times are set when its tokens
+        are read (``_retire``). A plan that preempts, or an empty one, waits for the step in
+        flight first (the runner may not move a row with a token in flight)."""
+        clock = time.perf_counter
+        runner, blocks_of = self.runner, sched.kv.blocks_of
+        flight: tuple | None = None  # (plan, pending step, its finished requests)
+        now = clock() - start
+        while now < end:
+            while pending and pending[-1].arrival_time <= now:
+                sched.add(pending.pop())
+            if not sched.has_work:
+                if flight is not None:
+                    self._retire(sched, flight, start)
+                    flight = None
+                    now = clock() - start
+                    continue
+                if not pending:
+                    break
+                now = self._idle(sched, pending, start, end)
+                continue
+            plan = sched.schedule(now)
+            if flight is not None and (plan.preempted or plan.is_empty):
+                self._retire(sched, flight, start)
+                flight = None
+            step = runner.submit(plan, blocks_of)
+            finished = self._trace_stop.finished(plan)
+            if flight is not None:
+                self._retire(sched, flight, start)
+            sched.update(plan, StepResult(math.nan, tuple(finished)), clock() - start)
+            flight = (plan, step, finished)
+            if plan.is_empty:
+                self._retire(sched, flight, start)
+                flight = None
+                if not sched.running:  # the policy admits nothing until more arrive
+                    if not pending:
+                        break
+                    now = self._idle(sched, pending, start, end)
+                    continue
+            now = clock() - start
+        if flight is not None:
+            self._retire(sched, flight, start)
+
+    def _retire(self, sched: Scheduler, flight: tuple, start: float) -> None:
+        """Read a submitted step's tokens, release its finished requests, record its end."""
+        plan, step, finished = flight
+        self.runner.wait(step)
+        t_end = time.perf_counter() - start
+        for r in finished:
+            self.outputs[r.request_id] = self.runner.release(r)
+        sched.recorder.set_step_end(plan.step, t_end)
 
     def _idle(self, sched: Scheduler, pending: list[Request], start: float, end: float) -> float:
         """Nothing to run: check the scheduler, then sleep until the next arrival (or ``end``)."""

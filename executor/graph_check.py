@@ -44,7 +44,7 @@ def _run(engine: Engine, n: int, vocab: int, seed: int) -> tuple[dict, np.ndarra
     rec = engine.run_offline(_requests(n, vocab, seed))
     rec.check()
     mixed = rec.prefill_tokens > 0
-    return dict(engine.outputs), (rec.step_end - rec.step_start)[mixed]
+    return dict(engine.outputs), rec.step_durations()[mixed]
 
 
 def check(model_name: str, dtype: torch.dtype, n: int, seed: int) -> dict:

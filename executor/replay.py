@@ -71,7 +71,7 @@ def _run(engine: Engine, requests, policy, out: Path, meta: dict, max_time=None)
     }
     (out / "meta.json").write_text(json.dumps(meta, indent=1))
     fin = int((rec.status == 0).sum())
-    dur = 1e3 * (rec.step_end - rec.step_start)
+    dur = 1e3 * rec.step_durations()
     mixed = rec.prefill_tokens > 0
     dec = f"{dur[~mixed].mean():.2f}" if (~mixed).any() else "-"
     mix = f"{dur[mixed].mean():.2f}" if mixed.any() else "-"

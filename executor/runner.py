@@ -1,7 +1,8 @@
 """The model runner: a ``StepPlan`` -> one forward pass of the paged model -> one token for each
 request that emits in the step.
 
-A step's flat batch, built on the host and sent with ONE host-to-device copy::
+A step's flat batch, built on the host and sent with ONE host-to-device copy (from one of two
+pinned buffers, used in turn)::
 
     tokens      | decode 0 | ... | decode d-1 | chunk 0 (n_0 tokens) | ... | chunk p-1 |
     sequences   |    0     | ... |    d-1     |          d           | ... |  d+p-1    |
@@ -28,11 +29,15 @@ request gives its row up; its token history stays, so its recompute feeds prompt
 tokens again.
 
 Token history: the runner keeps each request's prompt + generated ids, in per-row numpy arrays
-while it holds a row (``commit`` appends the step's tokens with one vectorised write). A
-decode's input is the last of them, at position ``len - 1``; a chunk's are ``history[C : C + n]``
-with ``C = num_computed_tokens``. While the scheduler hands out the same decode tuple (event
-mode, decode set unchanged), a decode step's inputs are gathered from these arrays without a
-Python loop over the requests.
+while it holds a row (``wait`` appends the step's tokens with one vectorised write). A chunk's
+inputs are ``history[C : C + n]`` with ``C = num_computed_tokens``. A decode's input is its row's
+last sampled token, which the step that sampled it also wrote into a device array, so the host
+need not have read it: ``submit`` queues a step while the previous one still runs (at most one
+in flight), and ``wait`` reads its tokens. Positions come from each row's scheduled length
+(tokens read back plus those in flight). Rows are twice ``max_num_seqs``: a request finishing in
+the step in flight keeps its row until that step is read. While the scheduler hands out the
+same decode tuple (event mode, decode set unchanged), a decode step's inputs are staged from
+these arrays without a Python loop over the requests.
 """
 
 from __future__ import annotations
@@ -93,38 +98,71 @@ class _Seq:
 
 
 class _Staging:
-    """Regions of the step's int32 metadata, as numpy views (host) and tensor views (device)."""
+    """Regions of the step's int32 metadata, as numpy views (host) and tensor views (device).
+
+    On CUDA the host side is two pinned buffers used in turn (``flip`` before filling one): a step
+    is filled while the previous step's upload may still be queued behind the GPU's work, and the
+    buffer it fills was last uploaded two steps ago, before the step the runner has since waited
+    for (``ModelRunner.submit``'s contract)."""
 
     def __init__(self, max_tokens: int, max_seqs: int, max_updates: int, device) -> None:  # noqa: ANN001
         sizes = {
             "ids": max_tokens,
+            "src": max_tokens,
             "pos": max_tokens,
             "slot": max_tokens,
             "ctx": max_seqs,
             "cu": max_seqs + 1,
             "rows": max_seqs,
             "logit": max_seqs,
+            "erow": max_seqs,
             "upd_idx": max_updates,
             "upd_val": max_updates,
         }
         sizes = {k: -(-n // 16) * 16 for k, n in sizes.items()}  # 64-byte aligned regions
         total = sum(sizes.values())
-        pin = device.type == "cuda"
-        self.host = torch.zeros(total, dtype=torch.int32, pin_memory=pin)
-        self.dev = self.host if device.type == "cpu" else torch.zeros_like(self.host, device=device)
-        host_np = self.host.numpy()
-        self.np: dict[str, np.ndarray] = {}
+        on_cuda = device.type == "cuda"
+        hosts = [torch.zeros(total, dtype=torch.int32, pin_memory=on_cuda)]
+        if on_cuda:
+            hosts.append(torch.zeros(total, dtype=torch.int32, pin_memory=True))
+        self.dev = hosts[0] if not on_cuda else torch.zeros_like(hosts[0], device=device)
+        self._hosts = hosts
+        self._views: list[dict[str, np.ndarray]] = []
         self.t: dict[str, torch.Tensor] = {}
+        offsets = {}
         start = 0
         for name, n in sizes.items():
-            self.np[name] = host_np[start : start + n]
+            offsets[name] = (start, start + n)
             self.t[name] = self.dev[start : start + n]
             start += n
+        for h in hosts:
+            host_np = h.numpy()
+            self._views.append({k: host_np[a:b] for k, (a, b) in offsets.items()})
+        self._cur = 0
+        self.host = hosts[0]
+        self.np: dict[str, np.ndarray] = self._views[0]
         self.max_updates = max_updates
+
+    def flip(self) -> None:
+        """Fill the other host buffer from now on (no-op with one)."""
+        self._cur = (self._cur + 1) % len(self._hosts)
+        self.host = self._hosts[self._cur]
+        self.np = self._views[self._cur]
 
     def upload(self) -> None:
         if self.dev is not self.host:
             self.dev.copy_(self.host, non_blocking=True)
+
+
+class _Pending:
+    """A submitted step whose tokens are still on their way to the host."""
+
+    __slots__ = ("emitters", "rids", "rows", "m", "host", "event", "commit", "logits", "all_logits")
+
+    def __init__(self, emitters, rids, rows, m, host, event, commit, logits, all_logits) -> None:  # noqa: ANN001
+        self.emitters, self.rids, self.rows, self.m = emitters, rids, rows, m
+        self.host, self.event, self.commit = host, event, commit
+        self.logits, self.all_logits = logits, all_logits
 
 
 class ModelRunner:
@@ -199,8 +237,11 @@ class ModelRunner:
             self._forward = model
         self._prompt_of = prompt_of or _prompt_ids
         self._sampling_of = sampling_of or (lambda r: GREEDY)
-        self._bt_host = np.zeros((max_num_seqs, self.max_blocks), dtype=np.int32)
-        self._bt_dev = torch.zeros((max_num_seqs, self.max_blocks), dtype=torch.int32)
+        # rows: twice the sequences, as a request finishing in the step in flight keeps its row
+        # until that step's tokens are read, while the next step may start as many new ones
+        rows = self.num_rows = 2 * max_num_seqs
+        self._bt_host = np.zeros((rows, self.max_blocks), dtype=np.int32)
+        self._bt_dev = torch.zeros((rows, self.max_blocks), dtype=torch.int32)
         self._bt_dev = self._bt_dev.to(self.device)
         self._bt_flat = self._bt_dev.view(-1)
         updates = max(4096, 2 * max_num_seqs + 2 * (max_num_batched_tokens // self.block_size))
@@ -209,11 +250,24 @@ class ModelRunner:
         self._upd_val: list[int] = []
         self._num_updates = 0
         self._seqs: dict[int, _Seq] = {}
-        self._free_rows = list(range(max_num_seqs - 1, -1, -1))
-        # per block-table row: token history (prompt + generated), its length, blocks mirrored
-        self._hist = np.zeros((max_num_seqs, max_model_len), dtype=np.int32)
-        self._len = np.zeros(max_num_seqs, dtype=np.int64)
-        self._nblk = np.zeros(max_num_seqs, dtype=np.int64)
+        self._free_rows = list(range(rows - 1, -1, -1))
+        # per block-table row: token history (prompt + generated), its length (tokens read back),
+        # its scheduled length (plus tokens of submitted steps not yet read), blocks mirrored
+        self._hist = np.zeros((rows, max_model_len), dtype=np.int32)
+        self._len = np.zeros(rows, dtype=np.int64)
+        self._slen = np.zeros(rows, dtype=np.int64)
+        self._nblk = np.zeros(rows, dtype=np.int64)
+        # each row's last token on the device (a decode's input), written by the step that
+        # samples it; index ``rows`` is a sink for padding rows
+        self._last_tok = torch.zeros(rows + 1, dtype=torch.int32, device=self.device)
+        self._sink = rows
+        self._stale: set[int] = set()  # rows whose device last token the host must rewrite
+        pin = self.device.type == "cuda"
+        self._tok_host = [
+            torch.zeros(max_num_seqs + 1, dtype=torch.int32, pin_memory=pin) for _ in range(2)
+        ]
+        self._tok_flip = 0
+        self._in_flight = 0  # submitted steps not yet waited for
         # the last decode tuple seen, and its rows / ids: the event scheduler hands out the same
         # tuple object while the decode set is unchanged, so steady decoding skips a Python loop
         self._dec_key: tuple[Request, ...] | None = None
@@ -267,8 +321,13 @@ class ModelRunner:
         return {rid: self._tokens(s)[s.num_prompt :] for rid, s in self._seqs.items()}
 
     def release(self, request: Request) -> list[int]:
-        """Forget a finished request; returns its generated tokens."""
-        s = self._seqs.pop(request.request_id)
+        """Forget a finished request; returns its generated tokens. Its tokens must have been
+        read back (``wait`` for the step that emitted its last one first)."""
+        s = self._seqs[request.request_id]
+        assert s.row < 0 or self._len[s.row] == self._slen[s.row], (
+            f"request {request.request_id} released with tokens in flight"
+        )
+        del self._seqs[request.request_id]
         self._free_row(s)
         self._num_sampled -= not s.params.greedy
         return s.tokens[s.num_prompt :]
@@ -280,7 +339,8 @@ class ModelRunner:
         self._seqs.clear()
         self._num_sampled = 0
         self._dec_key = None
-        assert len(self._free_rows) == self.max_num_seqs
+        assert len(self._free_rows) == self.num_rows
+        assert self._in_flight == 0, "reset with a submitted step not waited for"
 
     @property
     def num_sequences(self) -> int:
@@ -294,8 +354,11 @@ class ModelRunner:
             if s.row < 0:
                 s.tokens.append(t)
             else:
+                assert self._len[s.row] == self._slen[s.row], "append_tokens with tokens in flight"
                 self._hist[s.row, self._len[s.row]] = t
                 self._len[s.row] += 1
+                self._slen[s.row] += 1
+                self._stale.add(s.row)
 
     def _take_row(self, s: _Seq) -> int:
         """Give ``s`` a block-table row; its history moves into the row arrays."""
@@ -303,7 +366,7 @@ class ModelRunner:
         n = len(s.tokens)
         assert n <= self.max_model_len, f"{n} tokens exceed max_model_len {self.max_model_len}"
         self._hist[row, :n] = s.tokens
-        self._len[row] = n
+        self._len[row] = self._slen[row] = n
         self._nblk[row] = 0
         s.row, s.tokens = row, None
         return row
@@ -312,8 +375,10 @@ class ModelRunner:
         """Give the row back (preempted or finished); the history moves back into ``s``."""
         if s.row >= 0:
             row = s.row
+            assert self._len[row] == self._slen[row], "a row freed with tokens in flight"
             s.tokens = self._hist[row, : self._len[row]].tolist()
             self._free_rows.append(row)
+            self._stale.discard(row)
             s.row = -1
             self._dec_key = None  # the cached decode rows may name this row
 
@@ -329,11 +394,18 @@ class ModelRunner:
         self._nblk[row] = n
 
     # -- one step --------------------------------------------------------------------------------
-    @torch.no_grad()
     def execute(
         self, plan: StepPlan, blocks_of: BlocksOf, commit: bool = True, all_logits: bool = False
     ) -> StepOutput:
-        """Run ``plan``'s tokens through the model; sample a token for each emitting request.
+        """``wait(submit(...))``: run ``plan`` and read its tokens back."""
+        return self.wait(self.submit(plan, blocks_of, commit, all_logits))
+
+    @torch.no_grad()
+    def submit(
+        self, plan: StepPlan, blocks_of: BlocksOf, commit: bool = True, all_logits: bool = False
+    ) -> _Pending:
+        """Queue ``plan``'s step on the device and return without waiting for it; ``wait`` gives
+        its tokens.
 
         Args:
             plan: the scheduler's plan (not yet passed to ``update``).
@@ -341,13 +413,21 @@ class ModelRunner:
             commit: append the tokens to the requests' histories (the profiler repeats a step
                 without committing).
             all_logits: also return fp32 logits of every token (eager path; for checks).
+
+        A decode's input token is read on the device from what the previous step sampled, so a
+        step may be submitted while the one before it is in flight (one at most: ``wait`` for a
+        step before submitting the one after next). A plan that preempts a request with a token
+        in flight, or a request finishing in the step in flight (``release``), must wait for
+        that step first (AssertionError otherwise).
         """
+        assert self._in_flight <= 1, "two steps in flight: wait for the older one first"
         for r in plan.preempted:
             s = self._seqs.get(r.request_id)
             if s is not None:
                 self._free_row(s)
         if plan.is_empty:
-            return StepOutput([], [], [])
+            return _Pending([], [], None, 0, None, None, commit, None, None)
+        self._s.flip()
         nd = len(plan.decodes)
         bucket = mixed = 0
         if not all_logits:
@@ -363,23 +443,69 @@ class ModelRunner:
         emitters, rids, rows_e, num_tokens, num_seqs = self._prepare(plan, blocks_of, bucket, mixed)
         self._s.upload()
         self._apply_updates()
+        self._restore_stale()
         m = len(emitters)
         logits_all = None
         if bucket:
-            logits, greedy = self._decode_step(bucket)
+            logits, tokens = self._decode_step(bucket)
         elif mixed:
-            logits, greedy = self._mixed_step(mixed, m)
+            logits, tokens = self._mixed_step(mixed, m)
         else:
-            logits, greedy, logits_all = self._eager(nd, num_tokens, num_seqs, m, all_logits)
-        if m == 0:
-            if self.device.type == "cuda":
-                torch.cuda.synchronize(self.device)  # the step ends on the device
-            return StepOutput([], [], [], None, logits_all)
-        tokens = self._sample(rows_e, emitters, logits, greedy, m)
+            logits, tokens, logits_all = self._eager(nd, num_tokens, num_seqs, m, all_logits)
+        if m and self._num_sampled:
+            tokens = self._sample(rows_e, emitters, logits, m)
+        if m and (not bucket or self._num_sampled):  # a decode graph wrote its greedy tokens
+            self._last_tok[self._s.t["erow"][:m]] = tokens[:m]
+        if not commit:
+            self._stale.update(rows_e.tolist())  # the device holds tokens the host does not
+        host = self._tok_host[self._tok_flip]
+        self._tok_flip ^= 1
+        event = None
+        if m:
+            host[:m].copy_(tokens[:m], non_blocking=True)
+        if self.device.type == "cuda":
+            event = torch.cuda.Event()
+            event.record()
         if commit:
-            self._hist[rows_e, self._len[rows_e]] = tokens
-            self._len[rows_e] += 1
-        return StepOutput(emitters, tokens.tolist(), rids, logits[:m], logits_all)
+            self._slen[rows_e] += 1
+        self._in_flight += 1
+        return _Pending(
+            emitters,
+            rids,
+            rows_e,
+            m,
+            host.numpy(),
+            event,
+            commit,
+            None if logits is None else logits[:m],
+            logits_all,
+        )
+
+    def wait(self, step: _Pending) -> StepOutput:
+        """Block until ``step``'s tokens are on the host; commit them (if submitted so)."""
+        if step.rows is None:  # an empty plan
+            return StepOutput([], [], [])
+        if step.event is not None:
+            step.event.synchronize()
+        self._in_flight -= 1
+        m = step.m
+        tokens = step.host[:m].copy()
+        if step.commit and m:
+            rows = step.rows
+            self._hist[rows, self._len[rows]] = tokens
+            self._len[rows] += 1
+        return StepOutput(step.emitters, tokens.tolist(), step.rids, step.logits, step.all_logits)
+
+    def _restore_stale(self) -> None:
+        """Rewrite the device's last token of rows the host changed (forced tokens, a step that
+        did not commit, decodes registered with generated tokens)."""
+        if not self._stale:
+            return
+        rows = sorted(self._stale)
+        self._stale.clear()
+        last = self._hist[rows, self._len[rows] - 1]
+        idx = torch.tensor(rows, dtype=torch.int64).to(self.device)
+        self._last_tok[idx] = torch.from_numpy(last).to(self.device)
 
     def _bucket(self, n: int) -> int:
         for b in self.graph_batch_sizes:
@@ -409,12 +535,14 @@ class ModelRunner:
         logit[:nd] = np.arange(nd)
         ctx[:nd] = h["pos"][:nd] + 1
         h["rows"][:nd] = rows_d
+        h["src"][:nd] = rows_d
         emitters, rids, rows_e = list(plan.decodes), self._dec_rids if nd else [], rows_d
         if chunk is not None:
             ids, pos, rows_p, q, ends, emit = chunk
             num_tokens = nd + len(ids)
             num_seqs = nd + len(rows_p)
             h["ids"][nd:num_tokens] = ids
+            h["src"][nd:num_tokens] = -1
             h["pos"][nd:num_tokens] = pos
             ctx[nd:num_seqs] = pos[ends - 1] + 1
             cu[nd + 1 : num_seqs + 1] = nd + ends
@@ -429,6 +557,7 @@ class ModelRunner:
         tok_rows = rows_d if chunk is None else np.concatenate([rows_d, np.repeat(rows_p, q)])
         bs = self.block_size
         h["slot"][:num_tokens] = self._bt_host[tok_rows, p // bs] * bs + p % bs
+        h["erow"][: len(rows_e)] = rows_e
         if bucket > nd:
             self._pad(nd, bucket)
         if mixed:
@@ -446,17 +575,16 @@ class ModelRunner:
                     s.row if s.row >= 0 else self._take_row(s)
                     for s in map(seqs.get, (r.request_id for r in decodes))
                 ]
+                self._stale.update(rows)  # their last token is the host's
             self._dec_key = decodes
             self._dec_rows = np.array(rows, dtype=np.int64)
             self._dec_rids = [r.request_id for r in decodes]
         rows = self._dec_rows
-        pos = self._len[rows] - 1
+        pos = self._slen[rows] - 1
         # a decode whose position is past its mirrored blocks got a block this step
         for i in np.flatnonzero(self._nblk[rows] * self.block_size <= pos).tolist():
             self._sync_row(int(rows[i]), blocks_of(decodes[i]))
-        n = len(decodes)
-        self._s.np["ids"][:n] = self._hist[rows, pos]
-        self._s.np["pos"][:n] = pos
+        self._s.np["pos"][: len(decodes)] = pos  # ids: the device's last tokens (src)
         return rows
 
     def _chunks(self, prefills, blocks_of: BlocksOf):  # noqa: ANN001, ANN202
@@ -474,7 +602,9 @@ class ModelRunner:
                 self._sync_row(row, table)
             c = r.num_computed_tokens
             length = int(self._len[row])
-            assert length == r.num_tokens, f"request {r.request_id}: history out of step"
+            assert length == self._slen[row] == r.num_tokens, (
+                f"request {r.request_id}: history out of step (or a token in flight)"
+            )
             ids.append(hist[row, c : c + n])
             starts.append(c)
             q_lens.append(n)
@@ -488,6 +618,7 @@ class ModelRunner:
     def _pad(self, lo: int, hi: int) -> None:
         h = self._s.np
         h["ids"][lo:hi] = 0
+        h["src"][lo:hi] = self._sink
         h["pos"][lo:hi] = 0
         h["slot"][lo:hi] = -1
         h["ctx"][lo:hi] = 0
@@ -499,6 +630,7 @@ class ModelRunner:
         those tokens, the others none."""
         h = self._s.np
         h["ids"][num_tokens:tokens] = 0
+        h["src"][num_tokens:tokens] = -1
         h["pos"][num_tokens:tokens] = 0
         h["slot"][num_tokens:tokens] = -1
         s = self.max_num_seqs + 1  # the last one always a padding sequence
@@ -541,7 +673,7 @@ class ModelRunner:
             att.set_step(
                 t["slot"][:num_tokens], block_tables, t["ctx"][:num_seqs], t["cu"][: num_seqs + 1]
             )
-        hidden = self._forward(t["ids"][:num_tokens], t["pos"][:num_tokens], att)
+        hidden = self._forward(self._input_ids(num_tokens), t["pos"][:num_tokens], att)
         logits_all = self.model.compute_logits(hidden) if all_logits else None
         if m == 0:
             return None, None, logits_all
@@ -550,16 +682,22 @@ class ModelRunner:
             logits = logits_all.index_select(0, rows)
         else:
             logits = F.linear(hidden.index_select(0, rows), self.model.lm_head_weight)
-        return logits, logits.argmax(-1), logits_all
+        return logits, logits.argmax(-1).to(torch.int32), logits_all
 
-    def _sample(self, rows: np.ndarray, emitters, logits, greedy, m: int) -> np.ndarray:  # noqa: ANN001
-        """The emitters' tokens as a host int32 array (the step's one device-to-host read)."""
-        if not self._num_sampled:
-            return greedy[:m].to(torch.int32).cpu().numpy()
+    def _input_ids(self, n: int) -> torch.Tensor:
+        """The step's ``n`` input ids on the device: a decode's (``src`` >= 0) is its row's last
+        sampled token, any other the host's id."""
+        t = self._s.t
+        src = t["src"][:n]
+        last = self._last_tok.index_select(0, src.clamp(min=0))
+        return torch.where(src >= 0, last, t["ids"][:n])
+
+    def _sample(self, rows: np.ndarray, emitters, logits, m: int) -> torch.Tensor:  # noqa: ANN001
+        """The emitters' tokens drawn with their sampling parameters (int32, on the device)."""
         seqs = [self._seqs[r.request_id] for r in emitters]
-        steps = (self._len[rows] - np.array([s.num_prompt for s in seqs])).tolist()
+        steps = (self._slen[rows] - np.array([s.num_prompt for s in seqs])).tolist()
         batch = SamplingBatch.from_params([s.params for s in seqs], steps, self.device)
-        return sample(logits[:m].float(), batch).to(torch.int32).cpu().numpy()
+        return sample(logits[:m].float(), batch).to(torch.int32)
 
     # -- decode-only steps: CUDA graphs ------------------------------------------------------------
     def _decode_forward(self, b: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -568,9 +706,12 @@ class ModelRunner:
         block_tables = self._bt_dev.index_select(0, t["rows"][:b])
         splits = decode_num_splits(b, att.num_kv_heads, self.max_model_len, self.device)
         att.set_step(t["slot"][:b], block_tables, t["ctx"][:b], None, splits)
-        hidden = self._forward(t["ids"][:b], t["pos"][:b], att)
+        src = t["src"][:b]  # the decodes' rows (padding: the sink)
+        hidden = self._forward(self._last_tok.index_select(0, src), t["pos"][:b], att)
         logits = F.linear(hidden, self.model.lm_head_weight)
-        return logits, logits.argmax(-1)
+        tokens = logits.argmax(-1).to(torch.int32)
+        self._last_tok[src] = tokens  # the next step's inputs, before the host sees them
+        return logits, tokens
 
     def _decode_step(self, b: int) -> tuple[torch.Tensor, torch.Tensor]:
         if not self.cuda_graphs:
@@ -586,7 +727,7 @@ class ModelRunner:
         t, att, s = self._s.t, self.attention, self.max_num_seqs + 1
         block_tables = self._bt_dev.index_select(0, t["rows"][:s])
         att.set_step(t["slot"][:tokens], block_tables, t["ctx"][:s], t["cu"][: s + 1])
-        return self._forward(t["ids"][:tokens], t["pos"][:tokens], att)
+        return self._forward(self._input_ids(tokens), t["pos"][:tokens], att)
 
     def _mixed_step(self, tokens: int, m: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         if self.mixed_graphs:
@@ -597,7 +738,7 @@ class ModelRunner:
         if m == 0:
             return None, None
         logits = F.linear(hidden.index_select(0, self._s.t["logit"][:m]), self.model.lm_head_weight)
-        return logits, logits.argmax(-1)
+        return logits, logits.argmax(-1).to(torch.int32)
 
     def _capture_mixed(self, tokens: int) -> None:
         self._pad_mixed(0, tokens, 0)  # capture on padding only: no KV is written or read

@@ -147,6 +147,17 @@ class Recorder:
             )
         )
 
+    def set_step_end(self, step: int, end: float) -> None:
+        """Set recorded step ``step``'s end (an engine that reads a step's tokens after the
+        scheduler moved on records the step first and its end once known). Token times follow,
+        as they come from the step clock at ``build``."""
+        if not 0 <= step < len(self._steps):
+            raise IndexError(f"step {step} not recorded ({len(self._steps)} steps)")
+        row = self._steps[step]
+        if not row[0] <= end:
+            raise ValueError(f"step {step}: end {end} before its start {row[0]}")
+        self._steps[step] = (row[0], end, *row[2:])
+
     # -- output --------------------------------------------------------------------------------
     def build(self) -> RunRecords:
         recs = sorted(self._recs.values(), key=lambda r: r.req.request_id)

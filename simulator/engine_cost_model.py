@@ -69,7 +69,7 @@ def step_rows(rec: RunRecords) -> np.ndarray:
             rec.prefill_attention_pairs,
             rec.num_prefills,
             rec.num_refreshed,
-            rec.step_end - rec.step_start,
+            rec.step_durations(),
         ],
         axis=1,
     ).astype(np.float64)

@@ -259,7 +259,8 @@ def test_a_live_cpu_engine_run_with_idle_gaps_replays_exactly():
     """A real online engine run (tiny model on the CPU, wall clock) that sleeps between arrivals,
     wakes a little late (an arrival 1 us after the one that woke it is queued before the plan)
     and preempts in its small KV pool: replayed, it gives the engine's records. (The golden log
-    never idles after its first step.)"""
+    never idles after its first step.) The engine runs serially: a pipelined one plans a step
+    while the previous one runs, which the simulator does not model."""
     import torch
     from test_engine_offline import engine, make_model, make_requests
 
@@ -269,7 +270,7 @@ def test_a_live_cpu_engine_run_with_idle_gaps_replays_exactly():
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny matmuls: one thread is fastest
     try:
-        e = engine(make_model(), num_blocks=14)  # small: preemptions
+        e = engine(make_model(), num_blocks=14, async_steps=False)  # small: preemptions
         rec = e.run_online(make_requests(arrivals=arrivals), "fcfs")
     finally:
         torch.set_num_threads(threads)

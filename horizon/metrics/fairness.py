@@ -37,7 +37,7 @@ def min_steps(rec: RunRecords) -> np.ndarray:
 
 def slowdown(rec: RunRecords) -> np.ndarray:
     """E2E / (min_steps * median step duration) per request; NaN unless finished."""
-    durations = rec.step_end - rec.step_start
+    durations = rec.step_durations()
     d = float(np.median(durations)) if len(durations) else np.nan
     if not d > 0:
         return np.full(rec.num_requests, np.nan)

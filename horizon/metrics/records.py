@@ -19,7 +19,8 @@ Per request (arrays of length N, ordered by request_id):
 Token times are a CSR pair: the times of request i's output tokens are
 ``token_times[token_offsets[i]:token_offsets[i + 1]]`` (seconds, non-decreasing).
 
-Per step (arrays of length S): step_start, step_end, prefill_tokens, decode_tokens,
+Per step (arrays of length S): step_start (when the step was planned), step_end (when its
+tokens were out; non-decreasing), prefill_tokens, decode_tokens,
 num_running, num_waiting (after the step's admissions), kv_used_blocks, token_budget, and the
 rest of the step's plan shape (``horizon.plan.PLAN_SHAPE_FIELDS``): num_prefills (chunks),
 decode_context_tokens, prefill_context_tokens, prefill_attention_pairs, and num_refreshed (the
@@ -126,6 +127,14 @@ class RunRecords:
         kw["num_kv_blocks"] = int(kw["num_kv_blocks"])
         kw["block_size"] = int(kw["block_size"])
         return cls(**kw)
+
+    def step_durations(self) -> np.ndarray:
+        """Each step's own time: from the later of its start (when it was planned) and the
+        previous step's end, to its end. Equal to ``step_end - step_start`` unless a step was
+        planned while the one before it ran (a pipelined engine), where that difference would
+        count the overlap twice."""
+        prev_end = np.concatenate(([-np.inf], self.step_end[:-1]))
+        return self.step_end - np.maximum(self.step_start, prev_end)
 
     def check(self) -> None:
         """Assert the records' own invariants (used by tests and after every run)."""

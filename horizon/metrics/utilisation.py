@@ -22,14 +22,14 @@ def kv_utilisation(rec: RunRecords) -> tuple[np.ndarray, np.ndarray]:
 def kv_utilisation_mean(rec: RunRecords) -> float:
     """Time-weighted mean utilisation over the engine's busy time.
 
-    Each step's utilisation is weighted by its duration (``step_end - step_start``); idle gaps
+    Each step's utilisation is weighted by its duration (``RunRecords.step_durations``); idle gaps
     between steps are left out (the engine runs nothing then). Falls back to the plain mean when
     every step has zero duration; NaN for a run without steps or KV blocks.
     """
     _, u = kv_utilisation(rec)
     if len(u) == 0 or rec.num_kv_blocks <= 0:
         return np.nan
-    w = np.asarray(rec.step_end - rec.step_start, dtype=np.float64)
+    w = np.asarray(rec.step_durations(), dtype=np.float64)
     total = w.sum()
     return float((u * w).sum() / total) if total > 0 else float(u.mean())
 
