@@ -8,9 +8,11 @@ times 24 layers take ~2 ms). Here a layer is nine launches (ten with a split-K m
     add+RMSNorm | QKV GEMM | RoPE (q in place; k, v into the paged cache) | attention |
     O GEMM | add+RMSNorm | gate/up GEMM | SiLU*up | down GEMM
 
-over the same parameters (no copies), rounding where the reference rounds: each torch op on
-bf16 rounds its fp32 result to bf16, and the kernels do the same at the same points, so outputs
-match the reference to the last bit or within an ulp (``tests/test_runner_fused.py``).
+over the same parameters (no copies). At one token the projections of a small model are Triton
+GEMVs (``executor.gemv``; SiLU*up and the down projection one kernel), faster there than
+cuBLAS. Rounding is where the reference rounds: each torch op on bf16 rounds its fp32 result to
+bf16, and the kernels do the same at the same points, so outputs match the reference to the
+last bit or within an ulp (``tests/test_runner_fused.py``).
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ import triton
 import triton.language as tl
 
 from executor.attention import PagedAttention
+from executor.gemv import fits as gemv_fits
+from executor.gemv import gemv, swiglu_down
 from executor.kernels.tiling import next_pow2
 from executor.model import Attention, CausalLM
 
@@ -252,6 +256,13 @@ def rope_(
     )
 
 
+def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None):  # noqa: ANN202
+    """``F.linear``, by ``executor.gemv`` for one token and a small weight."""
+    if gemv_fits(x, weight):
+        return gemv(x, weight, bias)
+    return F.linear(x, weight, bias)
+
+
 class FusedForward:
     """Callable like ``model.forward`` (same arguments, same result) with the kernels above.
     Reads the model's parameters at every call (weights loaded later are used)."""
@@ -279,7 +290,7 @@ class FusedForward:
             else:
                 x = rms_norm(h, layer.input_layernorm.weight, eps, residual)
             att = layer.self_attn
-            qkv = F.linear(x, att.qkv_proj.weight, att.qkv_proj.bias)
+            qkv = _linear(x, att.qkv_proj.weight, att.qkv_proj.bias)
             q, k, v = qkv.split(self.sizes, dim=-1)
             q, k, v = q.view(t, nh, hd), k.view(t, nkv, hd), v.view(t, nkv, hd)
             if isinstance(attention, PagedAttention):  # RoPE writes K/V into the cache
@@ -291,8 +302,12 @@ class FusedForward:
             else:
                 rope_(q, k, cos_sin, positions)
                 o = attention(i, q, k, v)
-            h = F.linear(o.reshape(t, nh * hd), att.o_proj.weight, att.o_proj.bias)
+            h = _linear(o.reshape(t, nh * hd), att.o_proj.weight, att.o_proj.bias)
             x = rms_norm(h, layer.post_attention_layernorm.weight, eps, residual)
             mlp = layer.mlp
-            h = F.linear(silu_mul(F.linear(x, mlp.gate_up_proj.weight)), mlp.down_proj.weight)
+            gate_up = _linear(x, mlp.gate_up_proj.weight)
+            if gemv_fits(gate_up, mlp.down_proj.weight):
+                h = swiglu_down(gate_up, mlp.down_proj.weight)
+            else:
+                h = F.linear(silu_mul(gate_up), mlp.down_proj.weight)
         return rms_norm(h, m.norm.weight, eps, residual)

@@ -113,3 +113,35 @@ def test_rope_writes_rotated_kv_into_the_paged_cache(dtype):
     rope_(q, k, model.rotary.cos_sin_cache, positions, v, *layer_kv(got_cache, 0), slots)
     assert torch.equal(q, want_q) and torch.equal(k, k_before)
     assert torch.equal(got_cache, want_cache)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n,k", [(13, 40), (896, 1100), (6, 2048)])
+def test_single_token_gemvs_are_the_torch_ops(dtype, n, k):
+    """``gemv`` (with and without bias) and ``swiglu_down`` at one token: tiles that do not
+    divide n or k, one reduction exactly two chunks long, and a multi-feature tile."""
+    from executor.gemv import fits, gemv, swiglu_down
+
+    g = torch.Generator().manual_seed(n + k)
+    x = torch.randn(1, k, generator=g).to(dtype).to(DEVICE)
+    gu = torch.randn(1, 2 * k, generator=g).to(dtype).to(DEVICE)
+    w = (0.05 * torch.randn(n, k, generator=g)).to(dtype).to(DEVICE)
+    b = torch.randn(n, generator=g).to(dtype).to(DEVICE)
+    linear = torch.nn.functional.linear
+    cases = [
+        (gemv(x, w), linear(x, w)),
+        (gemv(x, w, b), linear(x, w, b)),
+        (gemv(x, w, b, tiles=(4, 256, 2)), linear(x, w, b)),
+        (swiglu_down(gu, w), linear(silu_mul(gu), w)),
+    ]
+    for got, want in cases:
+        assert got.dtype == dtype and got.shape == (1, n)
+        scale = want.float().abs().max().item()
+        torch.testing.assert_close(
+            got.float(), want.float(), atol=TOL[dtype] * scale, rtol=TOL[dtype]
+        )
+    assert fits(x, w) and not fits(torch.cat([x, x]), w)
+    with pytest.raises(ValueError, match="gate_up"):
+        swiglu_down(torch.cat([gu, gu]), w)
+    with pytest.raises(ValueError, match="gemv takes"):
+        gemv(gu, w)
