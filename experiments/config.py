@@ -228,7 +228,11 @@ class SchedulerSpec:
 
 @dataclass(frozen=True)
 class BackendConfig:
-    """The simulator: a registered cost model (+ options), step mode and an optional time cap."""
+    """The simulator: a registered cost model (+ options), step mode and an optional time cap.
+
+    ``pipelined`` and ``arrivals_at_step_boundaries`` follow the engine's loop
+    (``simulator.Simulation``): plan a step while the previous one runs, and queue arrivals
+    between steps; both on for the cost model fitted to the pipelined engine."""
 
     name: str
     cost_model: str
@@ -236,6 +240,8 @@ class BackendConfig:
     step_mode: str = "event"
     max_time: float | None = None
     check_every: int = 0
+    pipelined: bool = False
+    arrivals_at_step_boundaries: bool = False
 
     def __post_init__(self) -> None:
         if self.name not in BACKENDS:

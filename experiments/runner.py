@@ -36,6 +36,8 @@ def simulate(cfg: RunConfig, workload: Workload, parts: Components) -> RunResult
         parts.cost_model,
         max_time=cfg.backend.max_time,
         check_every=cfg.backend.check_every,
+        arrivals_at_step_boundaries=cfg.backend.arrivals_at_step_boundaries,
+        pipelined=cfg.backend.pipelined,
     )
     records = sim.run()
     metrics = summarize(records, slo=parts.slo)

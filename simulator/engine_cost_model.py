@@ -5,11 +5,16 @@ Where ``FittedCostModel`` is fitted to ``executor.profiler``'s offline grid (``M
 timed alone), this one is fitted to the steps of real online runs (``executor.replay``): each
 record's step row holds the plan's shape and the measured period from one plan to the next, so
 the scheduler's and the policy's host time, the padding of CUDA graphs and the loop's overhead
-are all in it. Two linear regimes, least squares on relative error:
+are all in it. Two linear regimes, each fitted to minimise the mean absolute relative error
+(the MAPE it is judged by; iteratively reweighted least squares):
 
 * decode-only steps (a decode graph padded to ``horizon.step_buckets.decode_buckets``)::
 
-      t = a + b * bucket(decodes) + c * decodes + e * decode_context + f * refreshed
+      t = a[bucket(decodes)] + c * decodes + e * decode_context + f * refreshed
+
+  one intercept per graph (each bucket is its own captured graph, whose kernels were chosen for
+  its row count); a bucket without calibration steps takes the intercept interpolated between
+  its neighbours (or the line through the measured ones, beyond them).
 
 * steps with prefill chunks (a mixed graph padded to ``mixed_token_buckets``)::
 
@@ -27,6 +32,7 @@ it from engine records.
 
 from __future__ import annotations
 
+import functools
 import gzip
 import io
 import json
@@ -41,7 +47,7 @@ from horizon.plan import PLAN_SHAPE_FIELDS, StepPlan
 from horizon.step_buckets import bucket_of, decode_buckets, mixed_token_buckets
 
 STEP_COLUMNS = (*PLAN_SHAPE_FIELDS, "num_refreshed", "step_s")
-DECODE_TERMS = ("fixed", "bucket", "decodes", "decode_context", "refreshed")
+DECODE_TERMS = ("decodes", "decode_context", "refreshed")  # after one intercept per bucket
 MIXED_TERMS = (
     "fixed",
     "token_bucket",
@@ -100,7 +106,8 @@ def features(rows: np.ndarray, buckets: Buckets) -> tuple[np.ndarray, np.ndarray
     bd = np.array([bucket_of(int(x), db) for x in d], dtype=np.float64)
     t = p + d
     bt = np.array([bucket_of(int(x), mb) for x in t], dtype=np.float64)
-    dec = np.stack([one, bd, d, dctx, ref], axis=1)
+    graphs = (bd[:, None] == np.array(db, dtype=np.float64)[None, :]).astype(np.float64)
+    dec = np.concatenate([graphs, np.stack([d, dctx, ref], axis=1)], axis=1)
     mix = np.stack([one, bt, t, pairs, pctx, dctx, d, n, ref], axis=1)
     return p > 0, dec, mix
 
@@ -109,6 +116,34 @@ def _lstsq_relative(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     w = 1.0 / y
     coef, *_ = np.linalg.lstsq(x * w[:, None], y * w, rcond=None)
     return coef
+
+
+def _fit_mape(x: np.ndarray, y: np.ndarray, iterations: int = 30) -> np.ndarray:
+    """Coefficients minimising ``mean(|x @ c - y| / y)``: least squares on relative error,
+    then reweighted by ``1 / sqrt(|relative residual|)`` (IRLS for the L1 loss; residuals below
+    1e-4 are clipped so an exact fit stays exact)."""
+    coef = _lstsq_relative(x, y)
+    for _ in range(iterations):
+        r = np.abs(x @ coef - y) / y
+        w = 1.0 / (y * np.sqrt(np.maximum(r, 1e-4)))
+        coef, *_ = np.linalg.lstsq(x * w[:, None], y * w, rcond=None)
+    return coef
+
+
+def _fill_intercepts(coef: np.ndarray, seen: np.ndarray, buckets: Sequence[int]) -> np.ndarray:
+    """Intercepts of buckets without steps: interpolated between measured neighbours, or on
+    the least-squares line through the measured ones beyond them."""
+    k = len(buckets)
+    b = np.asarray(buckets, dtype=np.float64)
+    out = coef.copy()
+    if seen.all():
+        return out
+    xs, ys = b[seen], coef[:k][seen]
+    slope, icpt = np.polyfit(xs, ys, 1) if len(xs) > 1 else (0.0, float(ys[0]))
+    for i in np.flatnonzero(~seen):
+        inside = xs[0] < b[i] < xs[-1]
+        out[i] = np.interp(b[i], xs, ys) if inside else icpt + slope * b[i]
+    return out
 
 
 @dataclass(frozen=True)
@@ -134,10 +169,17 @@ class EngineCostModel:
         mixed, dec, mix = features(rows, buckets)
         y = rows[:, -1]
         coefs, residuals = [], []
+        k = len(buckets.decode)
         for sel, x, name in ((~mixed, dec, "decode-only"), (mixed, mix, "mixed")):
             if sel.sum() < 20:
                 raise ValueError(f"{int(sel.sum())} {name} steps to fit; need >= 20")
-            c = _lstsq_relative(x[sel], y[sel])
+            used = x[sel].any(axis=0)
+            if name == "mixed":
+                used[:] = True
+            c = np.zeros(x.shape[1])
+            c[used] = _fit_mape(x[sel][:, used], y[sel])
+            if name == "decode-only":
+                c = _fill_intercepts(c, used[:k], buckets.decode)
             coefs.append(tuple(float(v) for v in c))
             residuals.append(y[sel] / np.maximum(x[sel] @ c, 1e-6))
         return cls(coefs[0], coefs[1], buckets, dict(meta or {}), (residuals[0], residuals[1]))
@@ -169,27 +211,35 @@ class EngineCostModel:
             return 0.0
         if p == 0:
             c = self.decode_coef
-            x = (1.0, bucket_of(d, self.buckets.decode), d, plan.decode_context_tokens)
-        else:
-            c = self.mixed_coef
-            t = p + d
-            x = (
-                1.0,
-                bucket_of(t, self.buckets.mixed),
-                t,
-                plan.prefill_attention_pairs,
-                plan.prefill_context_tokens,
-                plan.decode_context_tokens,
-                d,
-                len(plan.prefills),
-            )
+            s = self._graph_fixed[d] + c[-3] * d + c[-2] * plan.decode_context_tokens
+            return max(s + c[-1] * plan.num_refreshed, 1e-6)
+        c = self.mixed_coef
+        t = p + d
+        x = (
+            1.0,
+            bucket_of(t, self.buckets.mixed),
+            t,
+            plan.prefill_attention_pairs,
+            plan.prefill_context_tokens,
+            plan.decode_context_tokens,
+            d,
+            len(plan.prefills),
+        )
         s = sum(a * b for a, b in zip(c, x)) + c[-1] * plan.num_refreshed
         return max(s, 1e-6)
 
+    @functools.cached_property
+    def _graph_fixed(self) -> tuple[float, ...]:
+        """The decode intercept of each batch size ``0..max_num_seqs`` (its bucket's)."""
+        db = self.buckets.decode
+        index = [db.index(bucket_of(max(d, 1), db)) for d in range(db[-1] + 1)]
+        return tuple(self.decode_coef[i] for i in index)
+
     def report(self) -> dict:
         """The coefficients by name, in microseconds (per unit of each term)."""
+        names = [f"graph[{b}]" for b in self.buckets.decode] + list(DECODE_TERMS)
         return {
-            "decode_only_us": dict(zip(DECODE_TERMS, (1e6 * c for c in self.decode_coef))),
+            "decode_only_us": dict(zip(names, (1e6 * c for c in self.decode_coef))),
             "mixed_us": dict(zip(MIXED_TERMS, (1e6 * c for c in self.mixed_coef))),
         }
 

@@ -11,6 +11,12 @@ replaying an engine's log (``simulator.replay_cost_model``):
   that step's ``update``, as the engine (which checks for arrivals between steps) does, instead
   of at its arrival instant; plans are the same either way, but a step's recorded
   ``num_waiting`` then excludes requests that arrived while it ran, as the engine's does.
+* ``pipelined=True``: the engine's pipelined loop (``EngineConfig.async_steps``): it plans a
+  step while the one before it still runs, so a plan made at the end of step k runs after step
+  k+1, and an arrival reaches the GPU one step later than in the serial loop while no host time
+  separates steps. Each step still costs the cost model's duration, starting when the step
+  before it ends; the plan is made when the step in flight before that one ended (or at once
+  when none is in flight). Recorded step starts are the planning times, as the engine's are.
 * a cost model with a ``wake_delay(step, now) -> float`` method: when the engine starts or wakes
   from an idle sleep at ``now``, it waits that many seconds before planning ``step`` (arrivals
   meanwhile are seen by the plan): the real engine's wake-up lag. Without the method, or between
@@ -45,6 +51,8 @@ class Simulation:
         check_every: call ``scheduler.check_integrity()`` every this many steps (0: only at end).
         arrivals_at_step_boundaries: queue arrivals between steps, as the engine does (see the
             module docstring); False: at their arrival instant.
+        pipelined: plan each step while the previous one runs, as the pipelined engine does
+            (see the module docstring).
     """
 
     def __init__(
@@ -56,6 +64,7 @@ class Simulation:
         max_time: float | None = None,
         check_every: int = 0,
         arrivals_at_step_boundaries: bool = False,
+        pipelined: bool = False,
     ) -> None:
         if max_time is not None and not (math.isfinite(max_time) and max_time > 0):
             raise ValueError(f"max_time must be a finite number > 0, got {max_time!r}")
@@ -69,6 +78,7 @@ class Simulation:
         self._arrivals_done = False
         self._wake_delay = getattr(cost_model, "wake_delay", None)
         self._hold = arrivals_at_step_boundaries
+        self._pipelined = pipelined
         self._held: list[Request] = []  # arrived, queued at the next step boundary
         self.stalled = 0  # requests left waiting when nothing could ever run them
 
@@ -114,10 +124,16 @@ class Simulation:
         end = math.inf if self.max_time is None else self.max_time
         held, wake_delay = self._held, self._wake_delay
         woke = True  # the run's start counts as a wake-up
+        pipelined = self._pipelined
+        flight_end: float | None = None  # pipelined: when the step in flight ends
         while env.now < end:
             if held:
                 self._add_held()
             if not sched.has_work:
+                if flight_end is not None:  # the engine reads the last step's tokens
+                    yield from self._until(flight_end)
+                    flight_end = None
+                    continue
                 if self._arrivals_done:
                     return
                 yield from self._sleep()
@@ -132,9 +148,17 @@ class Simulation:
             woke = False
             plan = sched.schedule(env.now)
             result = backend.execute(plan)
-            if result.duration > 0:
-                yield env.timeout(result.duration)
-            sched.update(plan, result, env.now)
+            if pipelined:
+                start = env.now if flight_end is None else max(env.now, flight_end)
+                step_end = start + max(result.duration, 0.0)
+                sched.update(plan, result, step_end)
+                if flight_end is not None:
+                    yield from self._until(flight_end)
+                flight_end = None if plan.is_empty else step_end
+            else:
+                if result.duration > 0:
+                    yield env.timeout(result.duration)
+                sched.update(plan, result, env.now)
             if check_every and plan.step % check_every == 0:
                 sched.check_integrity()
             if plan.is_empty and not sched.running:  # the policy admits nothing until an arrival
@@ -145,6 +169,10 @@ class Simulation:
                     return
                 yield from self._sleep()
                 woke = True
+
+    def _until(self, t: float):  # noqa: ANN202
+        if t > self.env.now:
+            yield self.env.timeout(t - self.env.now)
 
     def _add_held(self) -> None:
         for r in self._held:

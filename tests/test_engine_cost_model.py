@@ -50,9 +50,17 @@ def _synthetic(n: int, seed: int) -> np.ndarray:
     return rows
 
 
+def _graph_intercepts() -> np.ndarray:
+    """The decode form's intercept per bucket for DEC (fixed + per-row slope)."""
+    return DEC[0] + DEC[1] * np.array(decode_buckets(256), dtype=float)
+
+
 def test_fit_recovers_the_generating_coefficients_and_predicts_held_out_rows():
     model = EngineCostModel.fit(_synthetic(3000, 0))
-    np.testing.assert_allclose(model.decode_coef, DEC, rtol=1e-6, atol=1e-12)
+    k = len(decode_buckets(256))
+    # batches up to 199: the buckets above are filled from the line through the others
+    np.testing.assert_allclose(model.decode_coef[:k], _graph_intercepts(), rtol=1e-6, atol=1e-12)
+    np.testing.assert_allclose(model.decode_coef[k:], DEC[2:], rtol=1e-6, atol=1e-12)
     np.testing.assert_allclose(model.mixed_coef, MIX, rtol=1e-5, atol=1e-12)
     err = mape(model, _synthetic(500, 1))
     assert err["all"] < 1e-6 and err["steps"] == 500
@@ -139,7 +147,7 @@ def test_step_noise_is_the_fitted_steps_scatter_and_seeded():
     res = model.residuals[0]  # ratios of the fitted decode-only steps, in measured order
     run = model.with_noise(9, block_steps=50)
     seq = np.array([run.step_time(plan) for _ in range(50)]) / base
-    start = int(np.flatnonzero(np.isclose(res, seq[0]))[0])
+    start = int(np.argmin(np.abs(res - seq[0])))
     np.testing.assert_allclose(seq, res[start : start + 50])
     with pytest.raises(ValueError, match="block_steps"):
         model.with_noise(0, block_steps=0)

@@ -108,13 +108,13 @@ class RunRecords:
         return h.hexdigest()
 
     def save_npz(self, path: str) -> None:
-        """Every field into one ``.npz`` (numpy only: what a GPU machine without pyarrow
-        writes; ``experiments.records_io`` turns it into the Parquet run layout)."""
+        """Every field into one compressed ``.npz`` (numpy only: what a GPU machine without
+        pyarrow writes; ``experiments.records_io`` turns it into the Parquet run layout)."""
         arrays = {f.name: getattr(self, f.name) for f in fields(self)}
         arrays["reject_reason"] = np.array(self.reject_reason, dtype=str)
         arrays["num_kv_blocks"] = np.array(self.num_kv_blocks)
         arrays["block_size"] = np.array(self.block_size)
-        np.savez(path, **arrays)
+        np.savez_compressed(path, **arrays)
 
     @classmethod
     def load_npz(cls, path: str) -> RunRecords:
