@@ -16,7 +16,7 @@ one's artifact is saved as ``OUT/learned.joblib`` (its path is in the output). O
 the baseline. Writes into OUT (default ``results/runs/eval_predictors``): ``learned.joblib``
 (+ ``.json`` header), ``eval_predictors.json`` (everything), ``calibration_total.png``,
 ``calibration_remaining.png``, ``mae_remaining_vs_g.png``. Prints a table and, as its LAST line,
-one JSON object (keys in ``summary``). ``--quick`` uses 3,000 conversations (~15 s; full: ~1 min).
+one JSON object (keys in ``summary``). ``--quick`` uses 3,000 conversations (~30 s; full: ~5 min).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ the online remaining length given the prompt and the tokens generated so far.
 Life cycle (each step an explicit call; the constructor only stores settings)::
 
     p = LearnedPredictor(seed=0)           # or make_predictor("learned", seed=0)
-    p.fit(train_requests)                  # ~2 min on 2 cores (packaged ShareGPT train split)
+    p.fit(train_requests)                  # ~3 min on 2 cores (packaged ShareGPT train split)
     p.save("runs/x/learned.joblib")        # p.artifact_path is now that file
     q = LearnedPredictor.load("runs/x/learned.joblib")
     q.prepare(run_requests)                # per-run memo: batched model calls, tables over g
@@ -23,7 +23,8 @@ and interpolates linearly between grid points: no model call on the online path.
 Requests that carry the reply's ids (``Request.output_token_ids``: what the engine generates
 when replaying a trace) get a second remaining-length model that also reads the text generated
 so far (``predictors.progress``: code fences, list items, paragraphs, concluding phrases, ...,
-as counts over ``output_token_ids[:g]``). Its table has a point every ``reply_grid_step``
+as counts over ``output_token_ids[:g]``; ``predictors.reply_text``: stacked ridges and nearest
+neighbours over the bag of its token ids). Its table has a point every ``reply_grid_step``
 tokens and ``update`` reads the last point at or before ``g``, never interpolating towards a
 point that saw later tokens. Requests without reply ids use the prompt-only model.
 
@@ -59,6 +60,7 @@ from predictors.dataset import fingerprint, split_by_conversation
 from predictors.features import Extracted, extract
 from predictors.length_model import (
     PROGRESS_FEATURES,
+    REPLY_TEXT_FEATURES,
     LearnedSettings,
     LengthModel,
     ReplyFeatures,
@@ -67,8 +69,10 @@ from predictors.length_model import (
 from predictors.progress import TEXT_PROGRESS_FEATURES, TokenClasses, progress_rows
 
 ARTIFACT_FORMAT = "horizon-learned-length-predictor"
-ARTIFACT_VERSION = 3  # 2: the remaining-length model and its per-band residual quantiles
+ARTIFACT_VERSION = 4  # 2: the remaining-length model and its per-band residual quantiles
 # 3: a second remaining-length model that reads the reply generated so far
+# 4: ... also through stacked models of the reply's tokens (predictors.reply_text), and
+# structure ratios (tokens per item / paragraph)
 # memo entry: (num_prompt_tokens, max_output_tokens, total distribution, grid of g, the
 # remaining model's location and scale of log remaining length at each grid point, the
 # residual quantiles to use, stepwise: read the last grid point <= g instead of interpolating)
@@ -155,7 +159,7 @@ class LearnedPredictor(BasePredictor):
                 rt, gt = rows[sel], g[sel]
                 gg = _floor_to_grid(gt, s.reply_grid_step)
                 m, sr = model.remaining_text.location_scale(
-                    design[rt], gg, self._reply_features(outs)(rt, gg)
+                    design[rt], gg, self._reply_features(outs), rt
                 )
                 zt = (np.log(yc[rt] - gt) - m) / sr
                 self._remaining_text_z = ResidualQuantiles.fit(LEVELS, zt, gt)
@@ -171,7 +175,12 @@ class LearnedPredictor(BasePredictor):
             "feature_names": list(s.feature_names),
             "remaining_feature_names": [*s.feature_names, *PROGRESS_FEATURES],
             "remaining_text_feature_names": (
-                [*s.feature_names, *PROGRESS_FEATURES, *TEXT_PROGRESS_FEATURES]
+                [
+                    *s.feature_names,
+                    *PROGRESS_FEATURES,
+                    *TEXT_PROGRESS_FEATURES,
+                    *REPLY_TEXT_FEATURES,
+                ]
                 if model.remaining_text is not None
                 else None
             ),
@@ -359,7 +368,7 @@ class LearnedPredictor(BasePredictor):
                 rows = np.repeat(np.asarray(texts), counts)
                 gs = np.concatenate([np.asarray(g, dtype=np.float64) for g in grids])
                 m_all, s_all = model.remaining_text.location_scale(
-                    design[rows], gs, self._reply_features(outs)(rows, gs)
+                    design[rows], gs, self._reply_features(outs), rows
                 )
                 ends = np.cumsum(counts)
                 for i, g, b in zip(texts, grids, ends.tolist(), strict=True):
@@ -370,14 +379,15 @@ class LearnedPredictor(BasePredictor):
         return out
 
     def _reply_features(self, outs: Sequence) -> ReplyFeatures:
-        """``(request index, g) -> TEXT_PROGRESS_FEATURES`` of ``outs[index][:g]``."""
+        """The replies ``outs`` (ids or None per request) and ``(request index, g) ->
+        TEXT_PROGRESS_FEATURES`` of ``outs[index][:g]``."""
         if self._classes is None:
             if self._tokenizer is None:
                 self._tokenizer = load_tokenizer(self.settings.tokenizer)
                 self._template = ChatTemplate.from_tokenizer(self._tokenizer)
             self._classes = TokenClasses.for_tokenizer(self._tokenizer)
         classes = self._classes
-        return lambda rows, g: progress_rows(classes, outs, rows, g)
+        return ReplyFeatures(outs, lambda rows, g: progress_rows(classes, outs, rows, g))
 
     def _grid(self, hi: int) -> tuple[int, ...]:
         g = self._grids.get(hi)

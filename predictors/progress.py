@@ -41,6 +41,9 @@ TEXT_PROGRESS_FEATURES: tuple[str, ...] = (
     "log_since_intro_colon",
     "log_headings",
     "log_questions",
+    "log_first_item",
+    "log_tokens_per_item",
+    "log_tokens_per_paragraph",
 )
 
 # concluding phrases: (word two back or None, previous word or None, this word), compared on
@@ -186,6 +189,8 @@ class ReplyProgress:
         num = np.r_[np.nan, number]
         idx = np.where(np.isnan(num), 0, np.arange(t + 1))
         self.last_number = num[np.maximum.accumulate(idx)]  # by g: the last item number seen
+        starts = np.flatnonzero(item)
+        self.first_item = int(starts[0]) if len(starts) else -1  # position of the first item
 
     def at(self, g) -> np.ndarray:  # noqa: ANN001
         """Rows of ``TEXT_PROGRESS_FEATURES`` for ``ids[:g]`` at each ``g`` (clipped to the
@@ -220,7 +225,21 @@ class ReplyProgress:
                 since("colon"),
                 np.log1p(cum["head"][g]),
                 np.log1p(cum["q"][g]),
+                *self._list_pace(g, gf),
+                np.log1p(gf / (cum["para"][g] + 1.0)),
             ]
+        )
+
+    def _list_pace(self, g: np.ndarray, gf: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(log1p(position of the first list item), log1p(tokens per item since it))`` at
+        each ``g``: NaN before the first item is seen; the pace also needs 2 items."""
+        first = self.first_item
+        seen = (first >= 0) & (g > first)
+        items = self.cum["item"][g]
+        pace = np.maximum(gf - first, 0.0) / np.maximum(items, 1.0)
+        return (
+            np.where(seen, np.log1p(max(first, 0)), np.nan),
+            np.where(seen & (items >= 2), np.log1p(pace), np.nan),
         )
 
 

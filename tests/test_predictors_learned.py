@@ -141,12 +141,13 @@ def test_update_shrinks_sensibly(split, fitted):
     # Early on (g well before the predicted median), the remaining median is mostly below the
     # total's. Not always: the remaining model is fitted on its own, and for a prompt whose
     # replies are either short or long, having survived the short mode means more is left
-    # (on the full ShareGPT test split this holds for ~85% of such points).
+    # (on the full ShareGPT test split this holds for ~74% of such points: the reply-reading
+    # model raises its estimate when the reply so far looks long, e.g. a long list has begun).
     pairs = [(r, g) for r in reqs[:200] for g in (16, 64, 128) if fitted.predict(r).cdf(g) <= 0.4]
     assert len(pairs) > 100
     total = {r.request_id: fitted.predict(r).median for r, _ in pairs}
     rem = [(fitted.update(r, g).median, total[r.request_id], g) for r, g in pairs]
-    assert np.mean([m < t for m, t, _ in rem]) >= 0.7
+    assert np.mean([m < t for m, t, _ in rem]) >= 0.65
 
 
 def test_calibrated_on_held_out_conversations(split, fitted):

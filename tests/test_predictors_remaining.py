@@ -87,7 +87,7 @@ def test_remaining_median_follows_progress(split, fitted):
 
 def test_header_and_round_trip_of_the_remaining_model(tmp_path, split, fitted):
     h = fitted.header
-    assert h["version"] == 3
+    assert h["version"] == 4
     assert h["remaining_feature_names"][-2:] == list(PROGRESS_FEATURES)
     assert h["remaining_calibration_points"] > 100
     loaded = LearnedPredictor.load(fitted.save(tmp_path / "m.joblib"), threads=1)
