@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from experiments.fidelity_compare import METRICS, _rank_pairs, compare
+from experiments.fidelity_compare import METRICS, _rank_pairs, compare, engine_pipelined
 from experiments.fidelity_manifest import Case, Manifest
 
 GOLDEN = Path(__file__).parent / "data" / "golden"
@@ -63,6 +63,7 @@ def test_a_repeat_of_the_engine_is_compared_with_the_first_run(engine_dir):
         calibration_out=engine_dir / "cal.csv.gz", repeat_dir=runs,
     )  # fmt: skip
     assert result["engine_repeat_goodput_diff_pts"] == 0.0  # the same runs: no difference
+    assert set(result["engine_repeat_errors"].values()) == {0.0}
     assert result["engine_repeat_in_sim_band"] == result["engine_goodput_in_sim_band"]
     assert "engine / engine again / sim" in (engine_dir / "report" / "README.md").read_text()
 
@@ -73,3 +74,13 @@ def test_ranking_ties_within_a_point():
     assert a[("fcfs", "memory_first")] == 1 and a[("horizon", "memory_first")] == 1
     b = _rank_pairs({"fcfs": 0.95, "horizon": 1.0, "memory_first": 0.2})
     assert a != b and b[("fcfs", "horizon")] == -1
+
+
+def test_runs_are_simulated_with_the_engine_loop_they_ran():
+    """Engine meta from before ``async_steps`` ran serially; after it, pipelined unless turned
+    off or stopping at end-of-sequence."""
+    assert not engine_pipelined({"stop": "trace"})  # an old run
+    assert engine_pipelined({"stop": "trace", "async_steps": None})
+    assert not engine_pipelined({"stop": "eos", "async_steps": None})
+    assert not engine_pipelined({"stop": "trace", "async_steps": False})
+    assert engine_pipelined({"stop": "trace", "async_steps": True})
