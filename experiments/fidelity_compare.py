@@ -316,6 +316,17 @@ def compare(
         result["engine_repeat_errors"] = {
             f"{k}_err": max(r["errors"][k] for r in repeat) for k in METRICS
         }
+        again = {(r["case"], r["policy"]): r["goodput_lifetime"][1] for r in repeat}
+        for name, v in ranking.items():
+            g = {p: again[(name, p)] for (c, p) in again if c == name}
+            if g and len(g) == sum(r["case"] == name for r in table):  # every policy again
+                v["engine_again"] = _rank_pairs(g)
+        both = [v for v in ranking.values() if "engine_again" in v]
+        if both:
+            result["engine_repeat_ranking_identical"] = all(
+                v["engine"] == v["engine_again"] for v in both
+            )
+            result["ranking_identical_vs_repeat"] = all(v["sim"] == v["engine_again"] for v in both)
     out = Path(report)
     out.mkdir(parents=True, exist_ok=True)
     _write_table(table, out / "table.csv")
@@ -441,7 +452,13 @@ def _write_page(
         f"| goodput_err_pts | {g:.2f} | <= 2 | {'yes' if g <= 2 else 'no'} | "
         + (f"{g_rep:.2f} |" if g_rep is not None else " |"),
         f"| ranking_identical | {result['ranking_identical']} | true | "
-        f"{'yes' if result['ranking_identical'] else 'no'} | |",
+        f"{'yes' if result['ranking_identical'] else 'no'} | "
+        + (
+            f"{result['engine_repeat_ranking_identical']} (sim against the second run: "
+            f"{result['ranking_identical_vs_repeat']}) |"
+            if "engine_repeat_ranking_identical" in result
+            else " |"
+        ),
         "",
         "## With the engine's step-time scatter",
         "",
@@ -531,9 +548,24 @@ def _write_page(
             f"{r['goodput_sim_band'][1]:.3f} |"
         )
     lines += ["", "## Policy ranking by goodput (ties within "
-              f"{TIE_PTS:g} point)", "", "| case | identical |", "|---|---|"]  # fmt: skip
+              f"{TIE_PTS:g} point)", "", "| case | sim = engine | sim = engine again | "
+              "engine = engine again | goodput by policy: engine / engine again / sim |",
+              "|---|---|---|---|---|"]  # fmt: skip
     for name, v in ranking.items():
-        lines.append(f"| {name} | {v['identical']} |")
+        rows = [r for r in table if r["case"] == name]
+        rep = {r["policy"]: r["goodput_lifetime"] for r in repeat if r["case"] == name}
+        goodputs = "; ".join(
+            f"{r['policy']} {r['goodput_lifetime_engine']:.3f} / "
+            + (f"{rep[r['policy']][1]:.3f}" if r["policy"] in rep else "-")
+            + f" / {r['goodput_lifetime_sim']:.3f}"
+            for r in rows
+        )
+        if "engine_again" in v:
+            sim_again = v["sim"] == v["engine_again"]
+            eng_again = v["engine"] == v["engine_again"]
+        else:
+            sim_again = eng_again = "-"
+        lines.append(f"| {name} | {v['identical']} | {sim_again} | {eng_again} | {goodputs} |")
     floor = step_mape["linear, each run fitted to itself"]["all"]
     worst = max(table, key=lambda r: r["goodput_err_pts"])
     lines += [

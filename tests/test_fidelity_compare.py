@@ -64,6 +64,8 @@ def test_a_repeat_of_the_engine_is_compared_with_the_first_run(engine_dir):
     )  # fmt: skip
     assert result["engine_repeat_goodput_diff_pts"] == 0.0  # the same runs: no difference
     assert set(result["engine_repeat_errors"].values()) == {0.0}
+    assert result["engine_repeat_ranking_identical"] is True
+    assert result["ranking_identical_vs_repeat"] == result["ranking_identical"]
     assert result["engine_repeat_in_sim_band"] == result["engine_goodput_in_sim_band"]
     assert "engine / engine again / sim" in (engine_dir / "report" / "README.md").read_text()
 
