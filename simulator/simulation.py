@@ -17,6 +17,8 @@ replaying an engine's log (``simulator.replay_cost_model``):
   separates steps. Each step still costs the cost model's duration, starting when the step
   before it ends; the plan is made when the step in flight before that one ended (or at once
   when none is in flight). Recorded step starts are the planning times, as the engine's are.
+  A cost model's ``wake_delay`` (below) is then consulted before every plan, not only on
+  waking: the engine's host work between reading a step and planning the next.
 * a cost model with a ``wake_delay(step, now) -> float`` method: when the engine starts or wakes
   from an idle sleep at ``now``, it waits that many seconds before planning ``step`` (arrivals
   meanwhile are seen by the plan): the real engine's wake-up lag. Without the method, or between
@@ -139,7 +141,7 @@ class Simulation:
                 yield from self._sleep()
                 woke = True
                 continue
-            if woke and wake_delay is not None:
+            if (woke or pipelined) and wake_delay is not None:
                 delay = wake_delay(sched.clock.step, env.now)
                 if delay > 0:
                     yield env.timeout(delay)

@@ -255,37 +255,68 @@ def test_a_dropped_step_is_detected():
         _replay("fcfs", ReplayCostModel(start, end))
 
 
-def test_a_live_cpu_engine_run_with_idle_gaps_replays_exactly():
-    """A real online engine run (tiny model on the CPU, wall clock) that sleeps between arrivals,
-    wakes a little late (an arrival 1 us after the one that woke it is queued before the plan)
-    and preempts in its small KV pool: replayed, it gives the engine's records. (The golden log
-    never idles after its first step.) The engine runs serially: a pipelined one plans a step
-    while the previous one runs, which the simulator does not model."""
+LIVE_ARRIVALS = [0.0, 0.0, 0.06, 0.06 + 1e-6, 0.06 + 2e-4, 0.14, 0.14, 0.145]
+
+
+def _live_engine_run(async_steps: bool):  # noqa: ANN202
+    """(engine, records) of a real online fcfs run of a tiny model on the CPU (wall clock),
+    in a KV pool small enough to preempt."""
     import torch
     from test_engine_offline import engine, make_model, make_requests
 
-    from horizon.policies import make_policy
-
-    arrivals = [0.0, 0.0, 0.06, 0.06 + 1e-6, 0.06 + 2e-4, 0.14, 0.14, 0.145]
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny matmuls: one thread is fastest
     try:
-        e = engine(make_model(), num_blocks=14, async_steps=False)  # small: preemptions
-        rec = e.run_online(make_requests(arrivals=arrivals), "fcfs")
+        e = engine(make_model(), num_blocks=14, async_steps=async_steps)
+        return e, e.run_online(make_requests(arrivals=LIVE_ARRIVALS), "fcfs")
     finally:
         torch.set_num_threads(threads)
-    assert (rec.step_start[1:] > rec.step_end[:-1]).sum() >= 2  # it idled and woke up
-    replay = ReplayCostModel.from_records(rec)
-    sim = Simulation(
-        make_requests(arrivals=arrivals),
+
+
+def _replay_live(e, replay: ReplayCostModel, pipelined: bool) -> RunRecords:  # noqa: ANN001
+    from test_engine_offline import make_requests
+
+    from horizon.policies import make_policy
+
+    return Simulation(
+        make_requests(arrivals=LIVE_ARRIVALS),
         e.config.scheduler_config(e.num_blocks),
         make_policy("fcfs"),
         replay,
         check_every=1,
         arrivals_at_step_boundaries=True,
+        pipelined=pipelined,
     ).run()
+
+
+def test_a_live_cpu_engine_run_with_idle_gaps_replays_exactly():
+    """A real online engine run that sleeps between arrivals, wakes a little late (an arrival
+    1 us after the one that woke it is queued before the plan) and preempts in its small KV
+    pool: replayed, it gives the engine's records. (The golden log never idles after its first
+    step.) The serial loop: each step's tokens read before the next is planned."""
+    e, rec = _live_engine_run(async_steps=False)
+    assert (rec.step_start[1:] > rec.step_end[:-1]).sum() >= 2  # it idled and woke up
+    replay = ReplayCostModel.from_records(rec)
+    sim = _replay_live(e, replay, pipelined=False)
     replay.check_complete()
     _assert_same_records(sim, rec)
+
+
+def test_a_live_pipelined_cpu_engine_run_replays_exactly():
+    """The same run on the pipelined engine (each step planned before the previous one's tokens
+    are read): replayed through ``Simulation(pipelined=True)``, it gives the engine's records,
+    so the simulator's plan-ahead loop is the engine's."""
+    e, rec = _live_engine_run(async_steps=True)
+    assert (rec.step_start[1:] < rec.step_end[:-1]).sum() >= 10  # planned ahead
+    assert rec.num_preemptions.sum() > 0
+    replay = ReplayCostModel.from_records(rec, pipelined=True)
+    sim = _replay_live(e, replay, pipelined=True)
+    replay.check_complete()
+    _assert_same_records(sim, rec)
+    with pytest.raises(ValueError, match="pipelined"):
+        ReplayCostModel.from_records(rec)  # overlapping steps need the flag
+    with pytest.raises(ReplayMismatch):  # a serial loop plans too late for this log
+        _replay_live(e, ReplayCostModel.from_records(rec, pipelined=True), pipelined=False)
 
 
 def test_bad_step_clocks_are_refused():
