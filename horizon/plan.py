@@ -93,7 +93,9 @@ class StepResult:
     """What a backend returns for a plan.
 
     Attributes:
-        duration: seconds the step took (measured on the engine, modelled in the simulator).
+        duration: seconds the step took (measured on the serial engine, modelled in the
+            simulator; NaN from the pipelined engine, which records a step's end once its
+            tokens are read).
         finished: requests that stopped at this step (their stopping rule: true length, EOS,
             or ``max_output_tokens``); each emitted its last token in this step.
         token_ids: request id -> token emitted this step (the engine); empty in the simulator.
