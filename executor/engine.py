@@ -288,6 +288,7 @@ class Engine:
                 gc.enable()
         sched.finish_run()
         sched.check_integrity()
+        self.runner.check_integrity()
         self.outputs.update(self.runner.unfinished())  # cut off by max_time
         return sched.recorder.build()
 
@@ -373,8 +374,10 @@ class Engine:
         sched.recorder.set_step_end(plan.step, t_end)
 
     def _idle(self, sched: Scheduler, pending: list[Request], start: float, end: float) -> float:
-        """Nothing to run: check the scheduler, then sleep until the next arrival (or ``end``)."""
+        """Nothing to run: check the scheduler and the runner, then sleep until the next arrival
+        (or ``end``)."""
         sched.check_integrity()
+        self.runner.check_integrity()
         wake = min(pending[-1].arrival_time, end)
         delay = wake - (time.perf_counter() - start)
         if delay > 0:

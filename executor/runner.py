@@ -342,6 +342,25 @@ class ModelRunner:
         assert len(self._free_rows) == self.num_rows
         assert self._in_flight == 0, "reset with a submitted step not waited for"
 
+    def check_integrity(self) -> None:
+        """Rows, token histories and the steps in flight agree: every row is held by one
+        sequence or free, a held row's scheduled length leads its read-back length by at most
+        the steps in flight, and the sampling count matches the sequences'."""
+        held = [s.row for s in self._seqs.values() if s.row >= 0]
+        assert len(held) == len(set(held)), "two sequences share a row"
+        free = set(self._free_rows)
+        assert len(free) == len(self._free_rows), "a row is free twice"
+        assert free.isdisjoint(held), "a held row is also free"
+        assert len(free) + len(held) == self.num_rows, "a row is neither held nor free"
+        assert 0 <= self._in_flight <= 2, f"{self._in_flight} steps in flight"
+        if held:
+            rows = np.array(held, dtype=np.int64)
+            lead = self._slen[rows] - self._len[rows]
+            assert np.all((lead >= 0) & (lead <= self._in_flight)), "scheduled length out of step"
+            assert np.all(self._len[rows] <= self.max_model_len)
+        assert all(s.tokens is not None for s in self._seqs.values() if s.row < 0)
+        assert self._num_sampled == sum(not s.params.greedy for s in self._seqs.values())
+
     @property
     def num_sequences(self) -> int:
         return len(self._seqs)

@@ -111,7 +111,9 @@ def test_runner_reads_a_decode_input_from_the_step_in_flight(model):
             second = runner.submit(_decode_plan(2, reqs), blocks_of)
             with pytest.raises(AssertionError, match="in flight"):
                 runner.release(reqs[0])
+            runner.check_integrity()  # two steps in flight: lengths lead by up to two
             tokens += [runner.wait(first).tokens, runner.wait(second).tokens]
+            runner.check_integrity()
             for r in reqs:
                 r.advance(1)
         else:
@@ -125,3 +127,17 @@ def test_runner_reads_a_decode_input_from_the_step_in_flight(model):
     piped, runner, reqs = run(True)
     assert piped == serial
     assert runner.generated(reqs[1]) == [t[1] for t in serial]
+
+
+def test_runner_integrity_check_catches_a_broken_row_table(model):
+    e = engine(model)
+    e.run_offline(make_requests())
+    runner = e.runner
+    runner.check_integrity()
+    runner._free_rows.append(runner._free_rows[0])  # a row freed twice
+    with pytest.raises(AssertionError, match="free twice"):
+        runner.check_integrity()
+    runner._free_rows.pop()
+    runner._in_flight = 3
+    with pytest.raises(AssertionError, match="in flight"):
+        runner.check_integrity()
