@@ -5,9 +5,12 @@ The loop mirrors the simulator's (``simulator/simulation.py``) with the wall clo
 
     plan = scheduler.schedule(now) -> execute(plan) -> scheduler.update(plan, result, now)
 
-so the records are the simulator's, from measured instead of modelled step times. Offline, every
-request is queued at the start; online, a request is queued once ``perf_counter() - start``
-reaches its ``arrival_time`` (the loop sleeps until the next arrival when idle).
+so the records are the simulator's, from measured instead of modelled step times. By default
+(``EngineConfig.async_steps``) the loop is pipelined: step N+1 is planned and queued on the GPU
+before step N's tokens are read, which ``simulator.Simulation(pipelined=True)`` models.
+Offline, every request is queued at the start; online, a request is queued once
+``perf_counter() - start`` reaches its ``arrival_time`` (the loop sleeps until the next arrival
+when idle).
 
 Stopping rule (the backend's, DESIGN.md): ``stop="trace"`` forces each request to emit exactly
 ``true_output_tokens`` (end-of-sequence ignored, as when replaying a trace); ``stop="eos"`` stops at
@@ -322,8 +325,8 @@ class Engine:
         while the GPU runs the one before it.
 
         With ``stop="trace"`` the scheduler needs no token values, so ``update`` runs right after
-        ``submit`` with the step's finished requests; the step's times are set when its tokens
-        are read (``_retire``). A plan that preempts, or an empty one, waits for the step in
+        ``submit`` with the step's finished requests; the step's end is recorded when its
+        tokens are read (``_retire``). A plan that preempts, or an empty one, waits for the step in
         flight first (the runner may not move a row with a token in flight)."""
         clock = time.perf_counter
         runner, blocks_of = self.runner, sched.kv.blocks_of
