@@ -173,12 +173,12 @@ class EngineCostModel:
         for sel, x, name in ((~mixed, dec, "decode-only"), (mixed, mix, "mixed")):
             if sel.sum() < 20:
                 raise ValueError(f"{int(sel.sum())} {name} steps to fit; need >= 20")
-            used = x[sel].any(axis=0)
             if name == "mixed":
-                used[:] = True
-            c = np.zeros(x.shape[1])
-            c[used] = _fit_mape(x[sel][:, used], y[sel])
-            if name == "decode-only":
+                c = _fit_mape(x[sel], y[sel])
+            else:  # buckets without steps: no column in the fit, an interpolated intercept
+                used = x[sel].any(axis=0)
+                c = np.zeros(x.shape[1])
+                c[used] = _fit_mape(x[sel][:, used], y[sel])
                 c = _fill_intercepts(c, used[:k], buckets.decode)
             coefs.append(tuple(float(v) for v in c))
             residuals.append(y[sel] / np.maximum(x[sel] @ c, 1e-6))
