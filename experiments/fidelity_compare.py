@@ -45,8 +45,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 def engine_pipelined(engine: dict) -> bool:
     """Whether engine runs with this ``EngineConfig`` (as a dict, from a run's meta.json)
-    planned each step while the previous one ran; configs from before ``async_steps`` existed
-    ran serially."""
+    planned each step while the previous one ran: ``EngineConfig.pipelined``'s rule, read from
+    the dict (configs from before ``async_steps`` existed ran serially)."""
     if "async_steps" not in engine:
         return False
     flag = engine["async_steps"]
