@@ -175,8 +175,14 @@ class Scheduler:
         for r in self.running.values():
             ledger.set(r.request_id, -(-reserve(r) // bs), len(kv.blocks_of(r)))
         if self.policy.dynamic_order and self._waiting:
-            key = self.policy.waiting_key
-            self._waiting = [(key(r, now), seq, r) for _, seq, r in self._waiting]
+            reqs = [r for _, _, r in self._waiting]
+            keys = self.policy.rank_waiting(reqs, self.view, now)
+            if len(keys) != len(reqs):
+                raise RuntimeError(
+                    f"{type(self.policy).__name__}.rank_waiting returned {len(keys)} keys "
+                    f"for {len(reqs)} waiting requests"
+                )
+            self._waiting = [(k, seq, r) for k, (_, seq, r) in zip(keys, self._waiting)]
             heapq.heapify(self._waiting)
 
     def _count_decodes(self) -> int:

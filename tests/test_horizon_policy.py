@@ -77,6 +77,61 @@ def test_waiting_order_tiers():
     assert keys[2] < keys[0] < keys[1]  # starving first, then TTFT-feasible, then doomed
 
 
+class _View:
+    """The part of a KVView that refresh and rank_waiting read: an empty pool at ``step``."""
+
+    def __init__(self, num_blocks: int, step: int) -> None:
+        self.num_blocks, self.block_size, self.step = num_blocks, 16, step
+        self.running: tuple[Request, ...] = ()
+        self.num_running = 0
+
+
+def _ranked(num_blocks: int, waiting: list[Request], now: float, triage: bool = True):
+    hz = make_policy("horizon", predictor=ExactOracle(), ttft_slo=1.0, triage=triage)
+    # two refreshes 16 steps and 0.16 s apart: 10 ms per step
+    hz.refresh(_View(num_blocks, 0), now - 0.16)
+    hz.refresh(_View(num_blocks, 16), now)
+    assert hz.step_time() == pytest.approx(0.01)
+    return hz, hz.rank_waiting(waiting, _View(num_blocks, 16), now)
+
+
+def test_triage_keeps_a_queue_that_fits_in_deadline_order():
+    waiting = [Request(i, 0.1 * i, 200, 400, 100) for i in range(5)]
+    hz, keys = _ranked(1000, waiting, now=0.5)
+    assert keys == [hz.waiting_key(r, 0.5) for r in waiting]
+    assert hz.num_triaged == 0
+
+
+def test_triage_moves_the_largest_requests_that_would_start_late_behind_the_rest():
+    # 100 blocks: 1,520 tokens below the headroom, ~120k token-steps before the deadlines (~80
+    # steps). A 1,000-token prompt with 100 tokens to go needs ~105k token-steps, a 100-token
+    # one ~16k. The big ones are older: deadline order would start them first, and only two
+    # would start in time, the small ones after them late. Triage keeps the small ones instead.
+    big = [Request(10 + i, 0.0, 1000, 1400, 100) for i in range(3)]
+    small = [Request(i, 0.05, 100, 400, 100) for i in range(6)]
+    waiting = small + big
+    hz, keys = _ranked(100, waiting, now=0.2)
+    tier = {r.request_id: k[0] for r, k in zip(waiting, keys)}
+    assert [tier[r.request_id] for r in small] == [1] * 6
+    assert [tier[r.request_id] for r in big] == [2, 2, 2]
+    assert hz.num_triaged == 3
+    _, untouched = _ranked(100, waiting, now=0.2, triage=False)
+    assert all(k[0] == 1 for k in untouched)
+
+
+def test_triage_raises_goodput_in_an_overload_without_breaking_the_wait_bound(sharegpt_head):
+    runs = {}
+    for triage in (False, True):
+        hz = make_policy("horizon", predictor=ExactOracle(), ttft_slo=1.0, triage=triage)
+        _, rec, s = _run(sharegpt_head, hz, rate=90.0)
+        runs[triage] = (hz, s)
+    (_, s_edf), (hz, s_tri) = runs[False], runs[True]
+    assert s_edf["goodput_lifetime"] < 0.5  # an overload: deadline order starts most late
+    assert s_tri["goodput_lifetime"] >= 1.5 * s_edf["goodput_lifetime"]
+    assert hz.num_triaged > 0
+    assert s_tri["queue_wait_max"] <= hz.max_wait_s
+
+
 def test_bad_knobs_are_named():
     for kwargs, field in [
         (dict(headroom=1.0), "headroom"),
@@ -84,6 +139,7 @@ def test_bad_knobs_are_named():
         (dict(max_wait_s=math.nan), "max_wait_s"),
         (dict(ttft_slo=-1.0), "ttft_slo"),
         (dict(grid_step=0), "grid_step"),
+        (dict(triage="yes"), "triage"),
     ]:
         with pytest.raises(ValueError, match=f"horizon.{field}"):
             make_policy("horizon", predictor=ExactOracle(), **kwargs)
@@ -101,3 +157,26 @@ def test_length_distribution_conditioning():
     assert point.cdf(39.9) == 0.0 and point.cdf(40.0) == 1.0
     with pytest.raises(ValueError, match="levels"):
         LengthDistribution((0.5, 0.4), (1.0, 2.0))
+
+
+def test_a_ranking_with_the_wrong_number_of_keys_is_refused():
+    from sched_driver import ConstantCost
+
+    from horizon.scheduler import Scheduler
+    from simulator.backend import SimBackend
+
+    class Short(type(make_policy("fcfs"))):
+        refresh_every = 1
+        dynamic_order = True
+
+        def rank_waiting(self, waiting, view, now):
+            return []
+
+    sched = Scheduler(SchedulerConfig(num_blocks=4, max_num_seqs=1), Short())
+    for i in range(2):
+        sched.add(Request(i, 0.0, 8, 8, 8))
+    backend, now = SimBackend(ConstantCost()), 0.0
+    plan = sched.schedule(now)  # admits one; the other waits
+    sched.update(plan, backend.execute(plan), now + 0.01)
+    with pytest.raises(RuntimeError, match="rank_waiting returned 0 keys for 1 waiting"):
+        sched.schedule(now + 0.01)

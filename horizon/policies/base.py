@@ -18,7 +18,10 @@ recompute, rejection). It asks the policy four questions:
 A policy whose estimates change while requests run (online predictions) sets ``refresh_every``
 to a number of steps: every that many steps the scheduler calls ``refresh(view, now)``, then
 re-reads ``reserve_tokens`` for each running request and, with ``dynamic_order``, re-keys the
-waiting queue. ``None`` (default): never.
+waiting queue through ``rank_waiting(waiting, view, now)``: one key per waiting request, seen
+together (a policy may key a request by what is ahead of it; the default is ``waiting_key`` of
+each). A request that arrives between refreshes is keyed by ``waiting_key`` alone until the next.
+``None`` (default): never.
 """
 
 from __future__ import annotations
@@ -46,6 +49,10 @@ class Policy:
 
     def reserve_tokens(self, req: Request) -> int:
         return 0
+
+    def rank_waiting(self, waiting: Sequence[Request], view: KVView, now: float) -> list[Any]:
+        """Keys of ``waiting`` (any order in, one key each, same order out) at a refresh."""
+        return [self.waiting_key(r, now) for r in waiting]
 
     def refresh(self, view: KVView, now: float) -> None:
         """Update per-request estimates of ``view.running`` (see ``refresh_every``)."""

@@ -19,6 +19,16 @@ most of the pool. Horizon projects the pool's *expected* future from predicted l
   starvation bound), oldest first; (1) requests that can still meet their TTFT target, earliest
   deadline first; (2) requests whose TTFT target has passed, oldest first. Serving tier 2 before
   tier 1 cannot raise goodput; serving tier 1 can.
+* **Triage** (``rank_waiting``, at each refresh, ``triage=True``): earliest deadline first starts
+  every request of an overload just late (each waits behind all older ones). Which requests can
+  still start in time is estimated from the same curve: the pool's free token-steps ahead,
+  ``A(tau) = sum over tau' < tau of (limit - U(tau'))``, absorb the waiting requests' expected
+  token-steps (``sum_tau`` of each one's expected use) in deadline order, and steps are turned
+  into seconds by the recent step time. Where a request would start after its deadline, the
+  largest request in the deadline-ordered prefix moves to tier 2 (Moore-Hodgson's rule, which
+  maximises the number of jobs on time on one machine). Under load nothing is moved and the
+  order is earliest deadline first; in an overload the fewest, largest requests give way. The
+  starvation bound (tier 0) still holds for them.
 * **Refresh** (every ``refresh_every`` steps): running requests' predictions are recomputed
   from the tokens generated so far (``predictor.update``) and ``U`` is rebuilt.
 * **Eviction** (``choose_victim``): when a block cannot be had anyway, evict the running request
@@ -30,6 +40,7 @@ The predictor is injected (built in predictors/); this module reads only the
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -55,6 +66,7 @@ class HorizonPolicy(Policy):
         ttft_slo: float | None = None,
         horizon_steps: int = 4096,
         grid_step: int = 1,
+        triage: bool = True,
     ) -> None:
         if not 0 <= headroom < 1:
             raise ValueError(f"horizon.headroom must be in [0, 1), got {headroom!r}")
@@ -68,7 +80,10 @@ class HorizonPolicy(Policy):
             raise ValueError(
                 f"horizon.grid_step must be an int in 1..horizon_steps, got {grid_step!r}"
             )
+        if not isinstance(triage, bool):
+            raise ValueError(f"horizon.triage must be true or false, got {triage!r}")
         self.predictor = predictor
+        self.triage = triage
         self.headroom = headroom
         self.refresh_every = refresh_every
         self.max_wait_s = max_wait_s
@@ -81,6 +96,10 @@ class HorizonPolicy(Policy):
         self._dist: dict[int, LengthDistribution] = {}  # request id -> latest prediction
         self._waiting_curve: tuple[int, int, np.ndarray] | None = None  # (id, tokens, curve)
         self.num_refreshes = 0
+        self._last_refresh: tuple[int, float] | None = None  # (step, time) of the last refresh
+        self._step_times: list[float] = []  # seconds per step between recent refreshes
+        self._footprint: dict[int, tuple[int, float]] = {}  # waiting id -> (tokens, token-steps)
+        self.num_triaged = 0  # requests moved to tier 2 by triage, summed over refreshes
 
     # -- predictions ---------------------------------------------------------------------------
     def _curve(self, r: Request) -> np.ndarray:
@@ -109,6 +128,25 @@ class HorizonPolicy(Policy):
             use += self._curve(r)
         self._use = use
         self._use_step = view.step
+        self._observe_step_time(view.step, now)
+
+    _STEP_TIME_WINDOW = 8
+
+    def _observe_step_time(self, step: int, now: float) -> None:
+        """Seconds per step between this refresh and the last; the median of the recent ones
+        is the step time (robust to an idle gap between two refreshes)."""
+        last = self._last_refresh
+        self._last_refresh = (step, now)
+        if last is None or step <= last[0] or now <= last[1]:
+            return
+        times = self._step_times
+        times.append((now - last[1]) / (step - last[0]))
+        if len(times) > self._STEP_TIME_WINDOW:
+            del times[0]
+
+    def step_time(self) -> float | None:
+        """The recent seconds per step (None before two refreshes)."""
+        return float(np.median(self._step_times)) if self._step_times else None
 
     def _shift(self, step: int) -> int:
         """Grid points from ``_use``'s origin to ``step``, rounded up: reading the curve a
@@ -144,6 +182,53 @@ class HorizonPolicy(Policy):
             else (req.slo.ttft if req.slo is not None else math.inf)
         )
         return (1 if waited < ttft else 2, req.arrival_time + ttft, req.request_id)
+
+    def rank_waiting(self, waiting: Sequence[Request], view: KVView, now: float) -> list[Any]:
+        keys = [self.waiting_key(r, now) for r in waiting]
+        step_s = self.step_time()
+        if not self.triage or step_s is None or len(waiting) < 2:
+            return keys
+        footprint = self._footprints(waiting)
+        limit = (1.0 - self.headroom) * view.num_blocks * view.block_size
+        free = np.maximum(limit - self._aligned_use(self._shift(view.step)), 0.0) * self._grid
+        absorbed = np.cumsum(free)  # token-steps free before the end of each grid step
+        tail_rate = max(float(free[-1]) / self._grid, 1.0)  # tokens per step past the grid
+
+        def start_step(tokens_ahead: float) -> float:
+            i = int(np.searchsorted(absorbed, tokens_ahead, side="left"))
+            if i < len(absorbed):
+                return float(self._tau[i])
+            return float(self._tau[-1]) + (tokens_ahead - float(absorbed[-1])) / tail_rate
+
+        ahead = sum(footprint[i] for i, k in enumerate(keys) if k[0] == 0)
+        kept: list[tuple[float, int]] = []  # max-heap of footprints (negated)
+        for i in sorted((i for i, k in enumerate(keys) if k[0] == 1), key=lambda i: keys[i]):
+            deadline_steps = (keys[i][1] - now) / step_s - 1.0
+            late = start_step(ahead) > deadline_steps
+            ahead += footprint[i]
+            heapq.heappush(kept, (-footprint[i], i))
+            if late:
+                neg, j = heapq.heappop(kept)
+                ahead += neg
+                r = waiting[j]
+                keys[j] = (2, r.arrival_time, r.request_id)
+                self.num_triaged += 1
+        return keys
+
+    def _footprints(self, waiting: Sequence[Request]) -> list[float]:
+        """Each waiting request's expected token-steps held (the sum of its use curve), cached
+        while its token count is unchanged."""
+        cache = self._footprint
+        fresh: dict[int, tuple[int, float]] = {}
+        out = []
+        for r in waiting:
+            hit = cache.get(r.request_id)
+            if hit is None or hit[0] != r.num_tokens:
+                hit = (r.num_tokens, float(self._curve(r).sum()) * self._grid)
+            fresh[r.request_id] = hit
+            out.append(hit[1])
+        self._footprint = fresh
+        return out
 
     def admit(self, req: Request, view: KVView) -> bool:
         self._half_block = view.block_size / 2
