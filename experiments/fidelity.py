@@ -39,7 +39,9 @@ POLICIES = {
     "fcfs": PolicySpec("fcfs"),
     "memory_first": PolicySpec("memory_first"),
     "horizon": PolicySpec(
-        "horizon", {"headroom": 0.05, "refresh_every": 16, "max_wait_s": 60.0}, "oracle"
+        "horizon",
+        {"headroom": 0.05, "refresh_every": 16, "max_wait_s": 60.0, "triage": True},
+        "oracle",
     ),
 }
 ALL = tuple(POLICIES)

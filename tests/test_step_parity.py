@@ -3,12 +3,14 @@ the engine's very sequence of plans and its records (tests/data/golden, see its 
 
 from __future__ import annotations
 
+import json
 from dataclasses import fields
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from experiments.fidelity_compare import engine_pipelined
 from experiments.fidelity_manifest import Manifest
 from horizon.metrics.records import RunRecords
 from horizon.plan import StepPlan
@@ -88,6 +90,17 @@ def _engine_records(policy: str, case: str = CASES[0]) -> RunRecords:
     return RunRecords.load_npz(str(GOLDEN / f"{case}.{policy}.npz"))
 
 
+def _pipelined(policy: str = "fcfs", case: str = CASES[0]) -> bool:
+    """Whether the engine planned each step of this log while the previous one ran (its
+    meta.json's engine config)."""
+    meta = json.loads((GOLDEN / f"{case}.{policy}.meta.json").read_text())
+    return engine_pipelined(meta["engine"])
+
+
+def _clock(eng: RunRecords, policy: str = "fcfs", case: str = CASES[0]) -> ReplayCostModel:
+    return ReplayCostModel.from_records(eng, pipelined=_pipelined(policy, case))
+
+
 def _case(name: str):  # noqa: ANN202
     (case,) = [c for c in _manifest().of_role("golden") if c.name == name]
     return case
@@ -104,6 +117,7 @@ def _replay(policy: str, cost_model, case_name: str = CASES[0]) -> RunRecords:  
         max_time=case.max_time,
         check_every=1,
         arrivals_at_step_boundaries=True,
+        pipelined=_pipelined(policy, case_name),
     )
     return sim.run()
 
@@ -133,7 +147,7 @@ def test_golden_files_are_what_the_readme_says():
 @pytest.mark.parametrize("policy", POLICIES)
 def test_replaying_the_engines_step_clock_gives_its_plans_and_records(policy, case):
     eng = _engine_records(policy, case)
-    replay = ReplayCostModel.from_records(eng)
+    replay = _clock(eng, policy, case)
     log = PlanLog(replay)
     sim = _replay(policy, log, case)
     replay.check_complete()
@@ -185,15 +199,26 @@ def _assert_same_records(sim: RunRecords, eng: RunRecords) -> None:
         np.testing.assert_array_equal(a, b, err_msg=f.name)
 
 
-def test_the_golden_run_has_arrivals_during_steps():
+def test_a_serial_run_has_arrivals_during_steps():
     """What ``arrivals_at_step_boundaries`` is for: without it a step's ``num_waiting`` counts
-    the requests that arrived while it ran, which the engine's (queued between steps) does not."""
-    eng = _engine_records("fcfs")
-    sim = _replay_instant("fcfs", eng)
-    np.testing.assert_array_equal(sim.prefill_tokens, eng.prefill_tokens)
-    np.testing.assert_array_equal(sim.decode_tokens, eng.decode_tokens)
-    assert (sim.num_waiting > eng.num_waiting).sum() > 10
-    assert (sim.num_waiting >= eng.num_waiting).all()
+    the requests that arrived while it ran, which the engine's (queued between steps) does not.
+    (A serial loop's: the pipelined loop, which the golden logs are, reads its queue after each
+    step is submitted, so there the two coincide.)"""
+    e, rec = _live_engine_run(async_steps=False)
+    from test_engine_offline import make_requests
+
+    from horizon.policies import make_policy
+
+    sim = Simulation(
+        make_requests(arrivals=LIVE_ARRIVALS),
+        e.config.scheduler_config(e.num_blocks),
+        make_policy("fcfs"),
+        ReplayCostModel.from_records(rec),
+    ).run()
+    np.testing.assert_array_equal(sim.prefill_tokens, rec.prefill_tokens)
+    np.testing.assert_array_equal(sim.decode_tokens, rec.decode_tokens)
+    assert (sim.num_waiting > rec.num_waiting).sum() >= 1
+    assert (sim.num_waiting >= rec.num_waiting).all()
 
 
 def test_the_other_policys_plans_do_not_replay():
@@ -202,7 +227,7 @@ def test_the_other_policys_plans_do_not_replay():
     for policy, other in (("fcfs", "horizon"), ("horizon", "fcfs")):
         eng = _engine_records(other, CASES[1])
         try:
-            sim = _replay(policy, ReplayCostModel.from_records(eng), CASES[1])
+            sim = _replay(policy, _clock(eng, other, CASES[1]), CASES[1])
         except ReplayMismatch:
             continue
         with pytest.raises(AssertionError):
@@ -216,8 +241,9 @@ def _replay_instant(policy: str, eng: RunRecords) -> RunRecords:
         load_requests(GOLDEN / case.requests),
         m.scheduler_config(),
         m.policies[policy].build(m.ttft_slo),
-        ReplayCostModel.from_records(eng),
+        _clock(eng, policy),
         max_time=case.max_time,
+        pipelined=_pipelined(policy),
     ).run()
 
 
@@ -225,9 +251,17 @@ def test_a_perturbed_step_duration_is_detected():
     eng = _engine_records("fcfs")
     start, end = eng.step_start.copy(), eng.step_end.copy()
     k = len(end) // 2
-    end[k] -= 1e-4  # step k ends earlier: step k + 1 would be planned before its logged start
-    with pytest.raises(ReplayMismatch, match=f"step {k + 1}"):
-        _replay("fcfs", ReplayCostModel(start, end))
+    if _pipelined():
+        # step k ends after step k + 2's logged start: k + 2, planned once k's tokens are
+        # read, would be planned late
+        assert start[k + 2] + 1e-4 < end[k + 1]
+        end[k] = start[k + 2] + 1e-4
+        late = k + 2
+    else:
+        end[k] -= 1e-4  # step k ends earlier: step k + 1 would be planned before its start
+        late = k + 1
+    with pytest.raises(ReplayMismatch, match=f"step {late}"):
+        _replay("fcfs", ReplayCostModel(start, end, pipelined=_pipelined()))
 
 
 def test_a_longer_step_that_shifts_the_clock_is_detected():
@@ -239,7 +273,7 @@ def test_a_longer_step_that_shifts_the_clock_is_detected():
     start, end = eng.step_start.copy(), eng.step_end.copy()
     end[k:] += 5e-4
     start[k + 1 :] += 5e-4
-    sim = _replay("fcfs", ReplayCostModel(start, end))
+    sim = _replay("fcfs", ReplayCostModel(start, end, pipelined=_pipelined()))
     differ = [n for n in STEP_COLUMNS if not np.array_equal(getattr(sim, n), getattr(eng, n))]
     assert "prefill_tokens" in differ and "decode_tokens" in differ
     with pytest.raises(AssertionError):
@@ -247,12 +281,18 @@ def test_a_longer_step_that_shifts_the_clock_is_detected():
 
 
 def test_a_dropped_step_is_detected():
+    """One step less in the clock: the replay leaves the log (a plan at another time, or a
+    step count that differs) or, where the loop waits for each logged start, the records
+    differ; either way the parity check fails."""
     eng = _engine_records("fcfs")
     k = len(eng.step_end) // 3
-    start = np.delete(eng.step_start, k)
-    end = np.delete(eng.step_end, k)
-    with pytest.raises(ReplayMismatch):
-        _replay("fcfs", ReplayCostModel(start, end))
+    replay = ReplayCostModel(
+        np.delete(eng.step_start, k), np.delete(eng.step_end, k), pipelined=_pipelined()
+    )
+    with pytest.raises((ReplayMismatch, AssertionError)):
+        sim = _replay("fcfs", replay)
+        replay.check_complete()
+        _assert_same_records(sim, eng)
 
 
 LIVE_ARRIVALS = [0.0, 0.0, 0.06, 0.06 + 1e-6, 0.06 + 2e-4, 0.14, 0.14, 0.145]
