@@ -40,6 +40,8 @@ from horizon.workload.requests_file import load_requests
 METRICS = ("ttft_mean", "ttft_p99", "itl_mean", "itl_p99", "e2e_mean", "e2e_p99")
 NOISE_SEEDS = tuple(range(10))
 TIE_PTS = 1.0  # goodputs closer than this (percentage points) count as a tie in the ranking
+LATENCY_TARGET = 0.05  # the bar: relative error of every latency mean and p99
+GOODPUT_TARGET_PTS = 2.0  # ... and of lifetime goodput, in percentage points
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -404,7 +406,7 @@ def _write_page(
     repeat_dir: str | None,
     noisy: list[list[dict]],
 ) -> None:
-    targets = {k: 0.05 for k in result if k.endswith("_err")}
+    targets = {k: LATENCY_TARGET for k in result if k.endswith("_err")}
     pipelined = engine_pipelined(meta.get("engine") or {})
     lines = [
         "# Simulator fidelity: the simulator against the engine on the same runs",
@@ -449,7 +451,8 @@ def _write_page(
     g = result["goodput_err_pts"]
     g_rep = result.get("engine_repeat_goodput_diff_pts")
     lines += [
-        f"| goodput_err_pts | {g:.2f} | <= 2 | {'yes' if g <= 2 else 'no'} | "
+        f"| goodput_err_pts | {g:.2f} | <= {GOODPUT_TARGET_PTS:g} | "
+        f"{'yes' if g <= GOODPUT_TARGET_PTS else 'no'} | "
         + (f"{g_rep:.2f} |" if g_rep is not None else " |"),
         f"| ranking_identical | {result['ranking_identical']} | true | "
         f"{'yes' if result['ranking_identical'] else 'no'} | "
@@ -482,7 +485,7 @@ def _write_page(
     n = len(table)
     for k in (*METRICS, "goodput_err_pts"):
         key = k if k == "goodput_err_pts" else f"{k}_err"
-        tgt = 2.0 if k == "goodput_err_pts" else 0.05
+        tgt = GOODPUT_TARGET_PTS if k == "goodput_err_pts" else LATENCY_TARGET
         fmt = (lambda v: f"{v:.1f} pts") if k == "goodput_err_pts" else _fmt_pct
         det_in = sum(r[key] <= tgt for r in table)
         noisy_in = np.mean([sum(r[k] <= tgt for r in errs) for errs in noisy])
@@ -610,15 +613,26 @@ def _write_page(
             )
         worst_rep = max(repeat, key=lambda r: r["goodput_diff_pts"])
         worst_ttft = max(repeat, key=lambda r: r["errors"]["ttft_p99"])
+        missed = [
+            m for m in repeat[0]["errors"] if max(r["errors"][m] for r in repeat) > LATENCY_TARGET
+        ]
+        if worst_rep["goodput_diff_pts"] > GOODPUT_TARGET_PTS:
+            missed.append("goodput")
+        verdict = (
+            "the engine meets every target against itself"
+            if not missed
+            else "near a knee, and in the tails, the targets for "
+            + ", ".join(missed)
+            + " are tighter than the engine's own reproducibility on this machine, and a fair "
+            "test compares the simulator with the spread of repeated engine runs"
+        )
         lines += [
             "",
             f"  Two runs of the engine differ by up to {worst_rep['goodput_diff_pts']:.1f} "
             f"goodput points ({worst_rep['case']} / {worst_rep['policy']}) and by up to "
             f"{_fmt_pct(worst_ttft['errors']['ttft_p99'])} in p99 TTFT "
             f"({worst_ttft['case']} / {worst_ttft['policy']}; the headline's last column has "
-            "every metric): near a knee, and in the tails, the 5% and 2-point targets are "
-            "tighter than the engine's own reproducibility on this machine, and a fair test "
-            "compares the simulator with the spread of repeated engine runs.",
+            f"every metric): {verdict}.",
         ]
     lines += [
         "",
