@@ -25,6 +25,14 @@ are all in it. Two linear regimes, each fitted to minimise the mean absolute rel
   while planning (Horizon: every running request every ``refresh_every`` steps). Its coefficient
   is the host time per refreshed request; the rest is GPU time plus the loop's fixed cost.
 
+  Every coefficient of this regime is fitted non-negative: each term is work, which cannot make
+  a step shorter. Its terms are correlated in the calibration runs (longer chunks, longer
+  prefixes, more pairs), and an unconstrained fit pays for one term with a negative other,
+  which holds inside the calibration runs but not beyond them (multi-turn prefixes under
+  preemption); the constraint drops such terms instead (its coefficient is then 0). The
+  decode-only regime stays unconstrained: within a bucket the graph's work is fixed, and its
+  small per-decode terms only correct the intercepts.
+
 Calibration file: a CSV (optionally gzipped) of ``STEP_COLUMNS`` rows, one per measured step,
 with a sidecar JSON (GPU, model, versions, date, the runs it came from): ``write_steps`` makes
 it from engine records.
@@ -112,21 +120,28 @@ def features(rows: np.ndarray, buckets: Buckets) -> tuple[np.ndarray, np.ndarray
     return p > 0, dec, mix
 
 
-def _lstsq_relative(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    w = 1.0 / y
-    coef, *_ = np.linalg.lstsq(x * w[:, None], y * w, rcond=None)
-    return coef
+def _weighted_lstsq(x: np.ndarray, y: np.ndarray, w: np.ndarray, nonneg: bool) -> np.ndarray:
+    xw, yw = x * w[:, None], y * w
+    if not nonneg:
+        coef, *_ = np.linalg.lstsq(xw, yw, rcond=None)
+        return coef
+    from sklearn.linear_model import LinearRegression  # only when fitting (a heavy import)
+
+    return LinearRegression(fit_intercept=False, positive=True).fit(xw, yw).coef_
 
 
-def _fit_mape(x: np.ndarray, y: np.ndarray, iterations: int = 30) -> np.ndarray:
+def _fit_mape(
+    x: np.ndarray, y: np.ndarray, iterations: int = 30, nonneg: bool = False
+) -> np.ndarray:
     """Coefficients minimising ``mean(|x @ c - y| / y)``: least squares on relative error,
     then reweighted by ``1 / sqrt(|relative residual|)`` (IRLS for the L1 loss; residuals below
-    1e-4 are clipped so an exact fit stays exact)."""
-    coef = _lstsq_relative(x, y)
+    1e-4 are clipped so an exact fit stays exact). ``nonneg``: every coefficient >= 0 (non-
+    negative least squares at each step)."""
+    coef = _weighted_lstsq(x, y, 1.0 / y, nonneg)
     for _ in range(iterations):
         r = np.abs(x @ coef - y) / y
         w = 1.0 / (y * np.sqrt(np.maximum(r, 1e-4)))
-        coef, *_ = np.linalg.lstsq(x * w[:, None], y * w, rcond=None)
+        coef = _weighted_lstsq(x, y, w, nonneg)
     return coef
 
 
@@ -174,7 +189,7 @@ class EngineCostModel:
             if sel.sum() < 20:
                 raise ValueError(f"{int(sel.sum())} {name} steps to fit; need >= 20")
             if name == "mixed":
-                c = _fit_mape(x[sel], y[sel])
+                c = _fit_mape(x[sel], y[sel], nonneg=True)
             else:  # buckets without steps: no column in the fit, an interpolated intercept
                 used = x[sel].any(axis=0)
                 c = np.zeros(x.shape[1])

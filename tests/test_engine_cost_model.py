@@ -22,10 +22,12 @@ from simulator.engine_cost_model import (
 
 GOLDEN = Path(__file__).parent / "data" / "golden"
 DEC = (900e-6, 4e-6, 2e-6, 5e-9, 40e-6)
-MIX = (1500e-6, 1.5e-6, 0.2e-6, 1e-11, 0.1e-6, 3e-8, -1e-6, 20e-6, 45e-6)
+MIX = (1500e-6, 1.5e-6, 0.2e-6, 1e-11, 0.1e-6, 3e-8, 1e-6, 20e-6, 45e-6)
 
 
-def _synthetic(n: int, seed: int) -> np.ndarray:
+def _synthetic(
+    n: int, seed: int, mix: tuple[float, ...] = MIX, dec: tuple[float, ...] = DEC
+) -> np.ndarray:
     """Rows whose step_s follows the model's own form exactly."""
     rng = np.random.default_rng(seed)
     d = rng.integers(0, 200, n)
@@ -42,11 +44,11 @@ def _synthetic(n: int, seed: int) -> np.ndarray:
         p_, d_, dctx_, pctx_, pairs_, n_, ref_ = r[:7]
         if p_ == 0:
             x = (1, bucket_of(int(d_), db), d_, dctx_, ref_)
-            r[7] = np.dot(DEC, x)
+            r[7] = np.dot(dec, x)
         else:
             t = p_ + d_
             x = (1, bucket_of(int(t), mb), t, pairs_, pctx_, dctx_, d_, n_, ref_)
-            r[7] = np.dot(MIX, x)
+            r[7] = np.dot(mix, x)
     return rows
 
 
@@ -64,6 +66,18 @@ def test_fit_recovers_the_generating_coefficients_and_predicts_held_out_rows():
     np.testing.assert_allclose(model.mixed_coef, MIX, rtol=1e-5, atol=1e-12)
     err = mape(model, _synthetic(500, 1))
     assert err["all"] < 1e-6 and err["steps"] == 500
+
+
+def test_the_mixed_regime_is_fitted_non_negative():
+    """A term that would have to be negative to fit is dropped (0), not made negative: each
+    term is work. The decode-only regime is unconstrained."""
+    mix = MIX[:6] + (-4e-6,) + MIX[7:]  # a step that got shorter with more decodes
+    dec = DEC[:2] + (-1e-6,) + DEC[3:]
+    model = EngineCostModel.fit(_synthetic(3000, 3, mix, dec))
+    assert min(model.mixed_coef) >= 0
+    assert model.mixed_coef[6] == 0
+    k = len(decode_buckets(256))
+    assert model.decode_coef[k] == pytest.approx(-1e-6, rel=1e-5)
 
 
 def test_step_time_of_a_plan_equals_the_row_prediction():
@@ -118,7 +132,10 @@ def test_step_rows_of_engine_records():
     rec = RunRecords.load_npz(str(GOLDEN / "golden_burst_r800.horizon.npz"))
     rows = step_rows(rec)
     assert rows.shape == (len(rec.step_end), len(STEP_COLUMNS))
-    np.testing.assert_array_equal(rows[:, -1], rec.step_end - rec.step_start)
+    # the log is the pipelined engine's: a step's duration runs from the previous one's end
+    assert (rec.step_start[1:] < rec.step_end[:-1]).any()
+    np.testing.assert_array_equal(rows[:, -1], rec.step_durations())
+    assert (rows[:, -1] < rec.step_end - rec.step_start).any()
     assert rows[:, 6].max() > 0  # horizon's refreshes are in the log
     old = RunRecords(**{**rec.__dict__, "num_refreshed": np.full(len(rec.step_end), -1)})
     with pytest.raises(ValueError, match="plan columns"):
