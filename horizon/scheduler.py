@@ -375,7 +375,7 @@ class Scheduler:
                 self.recorder.close_run(r, self.clock.step - 1)
 
     def check_integrity(self) -> None:
-        """Queues, block tables, reservations and counters agree."""
+        """Queues, block tables, reservations and counters agree (and the policy's own state)."""
         self.kv.check_integrity()
         self.ledger.check(self.kv, self.running)
         bs = self._bs
@@ -396,3 +396,4 @@ class Scheduler:
             assert self._ctx_base + len(self._decoding) * self.clock.step == sum(
                 r.num_computed_tokens for r in self._decoding.values()
             )
+        self.policy.check_integrity()

@@ -180,3 +180,11 @@ def test_a_ranking_with_the_wrong_number_of_keys_is_refused():
     sched.update(plan, backend.execute(plan), now + 0.01)
     with pytest.raises(RuntimeError, match="rank_waiting returned 0 keys for 1 waiting"):
         sched.schedule(now + 0.01)
+
+
+def test_check_integrity_catches_a_corrupt_state():
+    hz, _ = _ranked(100, [Request(i, 0.0, 100, 400, 100) for i in range(3)], now=0.2)
+    hz.check_integrity()
+    hz._use[3] = -5.0
+    with pytest.raises(AssertionError, match="below 0"):
+        hz.check_integrity()

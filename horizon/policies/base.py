@@ -57,6 +57,9 @@ class Policy:
     def refresh(self, view: KVView, now: float) -> None:
         """Update per-request estimates of ``view.running`` (see ``refresh_every``)."""
 
+    def check_integrity(self) -> None:
+        """Raise AssertionError if the policy's own state is inconsistent (stateless: nothing)."""
+
     def choose_victim(self, running: Sequence[Request], needing: Request, now: float) -> Request:
         """Lowest priority = largest waiting key, later admission breaking ties."""
         return max(running, key=lambda r: (self.waiting_key(r, now), r.admit_seq))

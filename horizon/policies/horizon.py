@@ -123,6 +123,7 @@ class HorizonPolicy(Policy):
         self.num_refreshes += 1
         self._half_block = view.block_size / 2
         self._waiting_curve = None
+        self._dist = {}  # rebuilt for the running requests (others are recomputed on demand)
         use = np.zeros_like(self._tau)
         for r in view.running:
             use += self._curve(r)
@@ -143,6 +144,15 @@ class HorizonPolicy(Policy):
         times.append((now - last[1]) / (step - last[0]))
         if len(times) > self._STEP_TIME_WINDOW:
             del times[0]
+
+    def check_integrity(self) -> None:
+        """The expected-use curve is finite and non-negative, the step times positive and few,
+        the footprint cache non-negative."""
+        assert self._use.shape == self._tau.shape and np.all(np.isfinite(self._use))
+        assert float(self._use.min(initial=0.0)) >= -1e-6, "expected pool use below 0"
+        assert len(self._step_times) <= self._STEP_TIME_WINDOW
+        assert all(t > 0 for t in self._step_times)
+        assert all(f >= 0 for _, f in self._footprint.values())
 
     def step_time(self) -> float | None:
         """The recent seconds per step (None before two refreshes)."""
