@@ -86,3 +86,26 @@ def test_runs_are_simulated_with_the_engine_loop_they_ran():
     assert not engine_pipelined({"stop": "eos", "async_steps": None})
     assert not engine_pipelined({"stop": "trace", "async_steps": False})
     assert engine_pipelined({"stop": "trace", "async_steps": True})
+
+
+def test_pre_refresh_ratio_reads_the_step_before_each_refresh():
+    import numpy as np
+
+    from experiments.fidelity_compare import _pre_refresh
+    from horizon.metrics.records import RunRecords
+
+    golden = GOLDEN
+    rec = RunRecords.load_npz(str(golden / "golden_burst_r800.horizon.npz"))
+    before = np.zeros(len(rec.step_end), dtype=bool)
+    before[:-1] = rec.num_refreshed[1:] > 0
+
+    class Model:  # modelled time: the measured one, halved on the steps before a refresh
+        def predict_rows(self, rows):  # noqa: ANN001, ANN202
+            return np.where(before, rows[:, -1] / 2, rows[:, -1])
+
+    pre, other, n = _pre_refresh(rec, Model())
+    assert pre == pytest.approx(2.0) and other == pytest.approx(1.0)
+    decode = (rec.prefill_tokens == 0) & (rec.decode_tokens > 0)
+    assert n == int((before & decode).sum()) > 0
+    fcfs = RunRecords.load_npz(str(golden / "golden_burst_r800.fcfs.npz"))
+    assert _pre_refresh(fcfs, Model()) is None  # no refreshes
