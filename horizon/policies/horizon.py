@@ -49,6 +49,7 @@ import numpy as np
 
 from horizon.kv_cache import KVView
 from horizon.policies.base import Policy
+from horizon.policies.expected_use import expected_use
 from horizon.prediction import LengthDistribution, LengthPredictor
 from horizon.request import Request
 
@@ -123,11 +124,13 @@ class HorizonPolicy(Policy):
         self.num_refreshes += 1
         self._half_block = view.block_size / 2
         self._waiting_curve = None
-        self._dist = {}  # rebuilt for the running requests (others are recomputed on demand)
-        use = np.zeros_like(self._tau)
-        for r in view.running:
-            use += self._curve(r)
-        self._use = use
+        running = view.running
+        dists = [self.predictor.update(r, r.num_output_tokens) for r in running]
+        # rebuilt for the running requests (others are recomputed on demand)
+        self._dist = {r.request_id: d for r, d in zip(running, dists)}
+        self._use = expected_use(
+            self._tau, dists, [r.num_tokens for r in running], self._half_block
+        )
         self._use_step = view.step
         self._observe_step_time(view.step, now)
 
