@@ -628,9 +628,10 @@ def _write_page(
             "wherever it outlasts the GPU's step. The simulator has no host-time model, so it "
             f"misses this: in {top['case']} / {top['policy']}, the {n} decode-only steps "
             f"planned just before a refresh took {pre:.2f}× their modelled time (median), the "
-            f"other decode-only steps {other:.2f}×, and every 16th step's stretch lifts the "
-            f"p99 ITL ({1e3 * top['itl_p99_engine']:.2f} ms on the engine, "
-            f"{1e3 * top['itl_p99_sim']:.2f} ms simulated). The 0.5B model's steps (~1.5 ms) "
+            f"other decode-only steps {other:.2f}× (p99 ITL of that run: "
+            f"{1e3 * top['itl_p99_engine']:.2f} ms on the engine, "
+            f"{1e3 * top['itl_p99_sim']:.2f} ms simulated). Where such a stretch is large it "
+            "lifts the p99 ITL, every refresh_every-th step. The 0.5B model's steps (~1.5 ms) "
             "hide little host time; a 7B's (4.4 ms at batch 1 on the H200, more when batched) "
             "should hide a refresh of this size (not measured).",
         ]
