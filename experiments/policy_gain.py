@@ -48,6 +48,7 @@ POLICIES: dict[str, list[str]] = {
     "memory_first": ["policy=memory_first"],
     "sjf_prompt": ["policy=sjf_prompt"],
     "horizon_learned": ["policy=horizon"],
+    "horizon_no_triage": ["policy=horizon_no_triage"],
     "horizon_mean": ["policy=horizon_mean"],
     "horizon_oracle": ["policy=horizon_oracle"],
     "oracle_srpt": ["policy=oracle_srpt"],
