@@ -1,6 +1,6 @@
 """The headline comparison: how much goodput Horizon gains over the baselines under KV pressure.
 
-    python -m experiments.policy_gain [--quick] [--out DIR]
+    python -m experiments.policy_gain [--quick] [--no-triage-row] [--out DIR]
 
 Setting: the Qwen2.5-7B shape on one H200 (roofline cost model), the KV-bound pool of the main
 sweep (3,000 blocks), ShareGPT first turns from the half of the conversations held out of the
@@ -48,11 +48,12 @@ POLICIES: dict[str, list[str]] = {
     "memory_first": ["policy=memory_first"],
     "sjf_prompt": ["policy=sjf_prompt"],
     "horizon_learned": ["policy=horizon"],
-    "horizon_no_triage": ["policy=horizon_no_triage"],
     "horizon_mean": ["policy=horizon_mean"],
     "horizon_oracle": ["policy=horizon_oracle"],
     "oracle_srpt": ["policy=oracle_srpt"],
 }
+# --no-triage-row: Horizon without triage beside it (another learned-predictor row, ~5 min)
+NO_TRIAGE = ("horizon_no_triage", ["policy=horizon_no_triage"])
 METRICS = (
     "goodput_lifetime",
     "throughput_tok_s",
@@ -80,8 +81,11 @@ QUICK = Plan(num_requests=600, seeds=(0,), iterations=5, lo=20.0, hi=200.0)
 class Runner:
     """Runs (policy, rate) over the plan's seeds, reusing loaded data and workloads."""
 
-    def __init__(self, plan: Plan, extra: list[str]) -> None:
+    def __init__(
+        self, plan: Plan, extra: list[str], policies: dict[str, list[str]] | None = None
+    ) -> None:
         self.plan, self.extra = plan, extra
+        self.policies = POLICIES if policies is None else policies
         self.sources: DataSources | None = None
         self._workloads: dict[tuple[float, int], object] = {}
         self.runs = 0
@@ -90,7 +94,7 @@ class Runner:
         overrides = [
             *SETTING,
             *self.extra,
-            *POLICIES[policy],
+            *self.policies[policy],
             f"rate={rate}",
             f"seed={seed}",
             f"num_requests={self.plan.num_requests}",
@@ -137,12 +141,22 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--quick", action="store_true", help="a small version (CI)")
     ap.add_argument("--out", default=str(REPO / "results" / "policy_gain"))
     ap.add_argument("--override", action="append", default=[], help="extra hydra override")
+    ap.add_argument(
+        "--no-triage-row",
+        action="store_true",
+        help="also run horizon without triage (the ablation of its queue triage; ~5 min more)",
+    )
     args = ap.parse_args(argv)
     plan = QUICK if args.quick else FULL
+    policies = dict(POLICIES)
+    if args.no_triage_row:  # right after horizon_learned, for the table
+        items = list(policies.items())
+        at_ = [k for k, _ in items].index("horizon_learned") + 1
+        policies = dict(items[:at_] + [NO_TRIAGE] + items[at_:])
     start = time.perf_counter()
     register_configs()
     with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
-        runner = Runner(plan, args.override)
+        runner = Runner(plan, args.override, policies)
         memo: dict[tuple[str, float], dict[str, list[float]]] = {}
 
         def at(policy: str, rate: float) -> dict[str, list[float]]:
@@ -155,8 +169,8 @@ def main(argv: list[str] | None = None) -> dict:
 
         load = bisect_rate(mean_goodput("fcfs"), 0.5, plan)
         print(f"load where fcfs keeps ~50% lifetime goodput: {load:g} req/s", flush=True)
-        table = {p: at(p, load) for p in POLICIES}
-        rate90 = {p: bisect_rate(mean_goodput(p), 0.9, plan) for p in POLICIES}
+        table = {p: at(p, load) for p in policies}
+        rate90 = {p: bisect_rate(mean_goodput(p), 0.9, plan) for p in policies}
     out = _summary(load, table, rate90, plan, runner.runs, time.perf_counter() - start)
     _write(out, Path(args.out))
     print(json.dumps(out))
