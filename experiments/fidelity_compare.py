@@ -155,18 +155,19 @@ def _self_fit_mape(per_run: list[np.ndarray], buckets) -> dict:  # noqa: ANN001
     }
 
 
-def _pre_refresh(rec: RunRecords, model) -> tuple[float, float, int] | None:  # noqa: ANN001
+def _pre_refresh(
+    refreshed: np.ndarray, rows: np.ndarray, modelled: np.ndarray
+) -> tuple[float, float, int] | None:
     """(median measured/modelled time of the decode-only steps planned just before a refresh,
     the same of the other decode-only steps, how many before a refresh), or None for a run
-    without refreshes. In the pipelined loop a step's tokens are read after the next step is
-    planned, so host time spent planning a refresh step lands in the step before it."""
-    from simulator.engine_cost_model import step_rows
-
-    ref = rec.num_refreshed > 0
+    without refreshes. ``refreshed``: the run's ``num_refreshed``; ``rows``: its step rows;
+    ``modelled``: the cost model's time of each. In the pipelined loop a step's tokens are read
+    after the next step is planned, so host time spent planning a refresh step lands in the
+    step before it."""
+    ref = refreshed > 0
     if not ref[1:].any():
         return None
-    rows = step_rows(rec)
-    ratio = rows[:, -1] / model.predict_rows(rows)
+    ratio = rows[:, -1] / modelled
     decode = (rows[:, 0] == 0) & (rows[:, 1] > 0)
     before = np.zeros(len(ref), dtype=bool)
     before[:-1] = ref[1:]
@@ -288,9 +289,11 @@ def compare(
         err = _errors(s, e)
         row.update({(k if k == "goodput_err_pts" else f"{k}_err"): v for k, v in err.items()})
         rows = run_rows[(c.name, p)]
-        row["model_bias"] = float(model.predict_rows(rows).sum() / rows[:, -1].sum() - 1)
+        modelled = model.predict_rows(rows)
+        row["model_bias"] = float(modelled.sum() / rows[:, -1].sum() - 1)
         row["steps_engine"], row["steps_sim"] = len(rows), len(sim.step_end)
-        shadow = _pre_refresh(runs[(c.name, p)], model) or (None, None, None)
+        refreshed = runs[(c.name, p)].num_refreshed
+        shadow = _pre_refresh(refreshed, rows, modelled) or (None, None, None)
         row["pre_refresh_ratio"], row["decode_ratio"], row["pre_refresh_steps"] = shadow
         table.append(row)
         print(

@@ -99,13 +99,15 @@ def test_pre_refresh_ratio_reads_the_step_before_each_refresh():
     before = np.zeros(len(rec.step_end), dtype=bool)
     before[:-1] = rec.num_refreshed[1:] > 0
 
-    class Model:  # modelled time: the measured one, halved on the steps before a refresh
-        def predict_rows(self, rows):  # noqa: ANN001, ANN202
-            return np.where(before, rows[:, -1] / 2, rows[:, -1])
+    from simulator.engine_cost_model import step_rows
 
-    pre, other, n = _pre_refresh(rec, Model())
+    rows = step_rows(rec)
+    # modelled time: the measured one, halved on the steps before a refresh
+    modelled = np.where(before, rows[:, -1] / 2, rows[:, -1])
+    pre, other, n = _pre_refresh(rec.num_refreshed, rows, modelled)
     assert pre == pytest.approx(2.0) and other == pytest.approx(1.0)
     decode = (rec.prefill_tokens == 0) & (rec.decode_tokens > 0)
     assert n == int((before & decode).sum()) > 0
     fcfs = RunRecords.load_npz(str(golden / "golden_burst_r800.fcfs.npz"))
-    assert _pre_refresh(fcfs, Model()) is None  # no refreshes
+    fcfs_rows = step_rows(fcfs)
+    assert _pre_refresh(fcfs.num_refreshed, fcfs_rows, fcfs_rows[:, -1]) is None  # no refreshes

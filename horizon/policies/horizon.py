@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
@@ -98,7 +99,8 @@ class HorizonPolicy(Policy):
         self._waiting_curve: tuple[int, int, np.ndarray] | None = None  # (id, tokens, curve)
         self.num_refreshes = 0
         self._last_refresh: tuple[int, float] | None = None  # (step, time) of the last refresh
-        self._step_times: list[float] = []  # seconds per step between recent refreshes
+        # seconds per step between recent refreshes
+        self._step_times: deque[float] = deque(maxlen=self._STEP_TIME_WINDOW)
         self._footprint: dict[int, tuple[int, float]] = {}  # waiting id -> (tokens, token-steps)
         self.num_triaged = 0  # requests moved to tier 2 by triage, summed over refreshes
 
@@ -143,17 +145,13 @@ class HorizonPolicy(Policy):
         self._last_refresh = (step, now)
         if last is None or step <= last[0] or now <= last[1]:
             return
-        times = self._step_times
-        times.append((now - last[1]) / (step - last[0]))
-        if len(times) > self._STEP_TIME_WINDOW:
-            del times[0]
+        self._step_times.append((now - last[1]) / (step - last[0]))
 
     def check_integrity(self) -> None:
-        """The expected-use curve is finite and non-negative, the step times positive and few,
-        the footprint cache non-negative."""
+        """The expected-use curve is finite and non-negative, the step times positive, the
+        footprint cache non-negative."""
         assert self._use.shape == self._tau.shape and np.all(np.isfinite(self._use))
         assert float(self._use.min(initial=0.0)) >= -1e-6, "expected pool use below 0"
-        assert len(self._step_times) <= self._STEP_TIME_WINDOW
         assert all(t > 0 for t in self._step_times)
         assert all(f >= 0 for _, f in self._footprint.values())
 
