@@ -19,7 +19,15 @@ are all in it. Two linear regimes, each fitted to minimise the mean absolute rel
 * steps with prefill chunks (a mixed graph padded to ``mixed_token_buckets``)::
 
       t = a + b * bucket(tokens) + c * tokens + e * attention_pairs + f * prefill_context
-            + g * decode_context + h * decodes + i * chunks + k * refreshed
+            + g * decode_context + h * decodes + i * chunks + j * decode_context / decodes
+            + k * refreshed
+
+  ``decode_context / decodes`` (the mean context a decode reads; 0 without decodes) is the
+  critical path of a mixed step's decode attention: there the decodes run as one-query chunks
+  of the prefill kernel, one program per sequence and KV head walking its whole context, with
+  no split-K (the decode-only graphs split long contexts). With few decodes the GPU is not
+  full and the step waits for its longest sequences, so the time follows the context *per*
+  decode, not only the sum ``decode_context``.
 
   ``refreshed`` is ``StepPlan.num_refreshed``: requests whose predictions the policy recomputed
   while planning (Horizon: every running request every ``refresh_every`` steps). Its coefficient
@@ -65,6 +73,7 @@ MIXED_TERMS = (
     "decode_context",
     "decodes",
     "chunks",
+    "context_per_decode",
     "refreshed",
 )
 
@@ -116,7 +125,8 @@ def features(rows: np.ndarray, buckets: Buckets) -> tuple[np.ndarray, np.ndarray
     bt = np.array([bucket_of(int(x), mb) for x in t], dtype=np.float64)
     graphs = (bd[:, None] == np.array(db, dtype=np.float64)[None, :]).astype(np.float64)
     dec = np.concatenate([graphs, np.stack([d, dctx, ref], axis=1)], axis=1)
-    mix = np.stack([one, bt, t, pairs, pctx, dctx, d, n, ref], axis=1)
+    per_decode = dctx / np.maximum(d, 1.0)
+    mix = np.stack([one, bt, t, pairs, pctx, dctx, d, n, per_decode, ref], axis=1)
     return p > 0, dec, mix
 
 
@@ -239,6 +249,7 @@ class EngineCostModel:
             plan.decode_context_tokens,
             d,
             len(plan.prefills),
+            plan.decode_context_tokens / max(d, 1),
         )
         s = sum(a * b for a, b in zip(c, x)) + c[-1] * plan.num_refreshed
         return max(s, 1e-6)

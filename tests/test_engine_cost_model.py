@@ -22,7 +22,7 @@ from simulator.engine_cost_model import (
 
 GOLDEN = Path(__file__).parent / "data" / "golden"
 DEC = (900e-6, 4e-6, 2e-6, 5e-9, 40e-6)
-MIX = (1500e-6, 1.5e-6, 0.2e-6, 1e-11, 0.1e-6, 3e-8, 1e-6, 20e-6, 45e-6)
+MIX = (1500e-6, 1.5e-6, 0.2e-6, 1e-11, 0.1e-6, 3e-8, 1e-6, 20e-6, 4e-7, 45e-6)
 
 
 def _synthetic(
@@ -47,7 +47,18 @@ def _synthetic(
             r[7] = np.dot(dec, x)
         else:
             t = p_ + d_
-            x = (1, bucket_of(int(t), mb), t, pairs_, pctx_, dctx_, d_, n_, ref_)
+            x = (
+                1,
+                bucket_of(int(t), mb),
+                t,
+                pairs_,
+                pctx_,
+                dctx_,
+                d_,
+                n_,
+                dctx_ / max(d_, 1),
+                ref_,
+            )
             r[7] = np.dot(mix, x)
     return rows
 
