@@ -49,13 +49,18 @@ ALL = tuple(POLICIES)
 CASES = (
     ("golden_first_r40", "golden", "sharegpt_first_turn", 40.0, 2, 1.25, ("fcfs", "horizon")),
     ("golden_burst_r800", "golden", "sharegpt_first_turn", 800.0, 3, 0.15, ("fcfs", "horizon")),
+    # calibration cases (other seed, other loads) alternate with the fidelity cases, so that a
+    # drift of the machine's speed over the GPU run touches both alike
     ("cal_first_r45", "calibration", "sharegpt_first_turn", 45.0, 1, 8.0, ALL),
-    ("cal_first_r140", "calibration", "sharegpt_first_turn", 140.0, 1, 8.0, ALL),
-    ("cal_multi_r45", "calibration", "sharegpt_multi_turn", 45.0, 1, 8.0, ALL),
     ("first_r60", "fidelity", "sharegpt_first_turn", 60.0, 0, 10.0, ALL),
+    ("cal_first_r100", "calibration", "sharegpt_first_turn", 100.0, 1, 8.0, ALL),
     ("first_r120", "fidelity", "sharegpt_first_turn", 120.0, 0, 10.0, ALL),
+    ("cal_first_r140", "calibration", "sharegpt_first_turn", 140.0, 1, 8.0, ALL),
     ("first_r180", "fidelity", "sharegpt_first_turn", 180.0, 0, 10.0, ALL),
+    ("cal_first_r165", "calibration", "sharegpt_first_turn", 165.0, 1, 8.0, ALL),
+    ("cal_multi_r45", "calibration", "sharegpt_multi_turn", 45.0, 1, 8.0, ALL),
     ("multi_r30", "fidelity", "sharegpt_multi_turn", 30.0, 0, 10.0, ALL),
+    ("cal_multi_r75", "calibration", "sharegpt_multi_turn", 75.0, 1, 8.0, ALL),
     ("multi_r60", "fidelity", "sharegpt_multi_turn", 60.0, 0, 10.0, ALL),
     ("multi_r90", "fidelity", "sharegpt_multi_turn", 90.0, 0, 10.0, ALL),
 )
