@@ -26,8 +26,8 @@ import pyarrow.parquet as pq
 from horizon.metrics.records import STEP_PLAN_COLUMNS, RunRecords
 
 FORMAT = "horizon-run-records"
-VERSION = 3
-READABLE_VERSIONS = (2, 3)  # v2 lacks STEP_PLAN_COLUMNS: they load as -1 (unknown)
+VERSION = 4
+READABLE_VERSIONS = (2, 3, 4)  # v2 lacks STEP_PLAN_COLUMNS, v3 num_preempted: -1 (unknown)
 
 REQUEST_COLUMNS = (
     "request_id",

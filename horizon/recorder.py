@@ -127,8 +127,9 @@ class Recorder:
         prefill_context: int = -1,
         attention_pairs: int = -1,
         refreshed: int = -1,
+        preempted: int = -1,
     ) -> None:
-        """One step; the last five are the rest of its plan (-1: not known)."""
+        """One step; the last six are the rest of its plan (-1: not known)."""
         self._steps.append(
             (
                 start,
@@ -144,6 +145,7 @@ class Recorder:
                 prefill_context,
                 attention_pairs,
                 refreshed,
+                preempted,
             )
         )
 
@@ -161,7 +163,7 @@ class Recorder:
     # -- output --------------------------------------------------------------------------------
     def build(self) -> RunRecords:
         recs = sorted(self._recs.values(), key=lambda r: r.req.request_id)
-        steps = np.array(self._steps, dtype=np.float64).reshape(-1, 13)
+        steps = np.array(self._steps, dtype=np.float64).reshape(-1, 14)
         step_end = steps[:, 1].copy()
         counts, starts = [], []
         for r in recs:
@@ -215,6 +217,7 @@ class Recorder:
             prefill_context_tokens=steps[:, 10].astype(i64),
             prefill_attention_pairs=steps[:, 11].astype(i64),
             num_refreshed=steps[:, 12].astype(i64),
+            num_preempted=steps[:, 13].astype(i64),
             num_kv_blocks=self.num_kv_blocks,
             block_size=self.block_size,
         )

@@ -356,6 +356,7 @@ class Scheduler:
             plan.prefill_context_tokens,
             plan.prefill_attention_pairs,
             plan.num_refreshed,
+            len(plan.preempted),
         )
 
     def _enter_decode(self, r: Request) -> None:

@@ -10,7 +10,7 @@ are all in it. Two linear regimes, each fitted to minimise the mean absolute rel
 
 * decode-only steps (a decode graph padded to ``horizon.step_buckets.decode_buckets``)::
 
-      t = a[bucket(decodes)] + c * decodes + e * decode_context + f * refreshed
+      t = a[bucket(decodes)] + c * decodes + e * decode_context + f * refreshed + g * preempting
 
   one intercept per graph (each bucket is its own captured graph, whose kernels were chosen for
   its row count); a bucket without calibration steps takes the intercept interpolated between
@@ -20,7 +20,7 @@ are all in it. Two linear regimes, each fitted to minimise the mean absolute rel
 
       t = a + b * bucket(tokens) + c * tokens + e * attention_pairs + f * prefill_context
             + g * decode_context + h * decodes + i * chunks + j * decode_context / decodes
-            + k * refreshed
+            + k * refreshed + l * preempting
 
   ``decode_context / decodes`` (the mean context a decode reads; 0 without decodes) is the
   critical path of a mixed step's decode attention: there the decodes run as one-query chunks
@@ -32,6 +32,11 @@ are all in it. Two linear regimes, each fitted to minimise the mean absolute rel
   ``refreshed`` is ``StepPlan.num_refreshed``: requests whose predictions the policy recomputed
   while planning (Horizon: every running request every ``refresh_every`` steps). Its coefficient
   is the host time per refreshed request; the rest is GPU time plus the loop's fixed cost.
+
+  ``preempting`` (both regimes) is 1 when the plan preempted a request
+  (``StepPlan.preempted``): the pipelined engine then waits for the step in flight before it
+  submits this one (a row with a token in flight cannot move), so the host's submit work, hidden
+  behind the GPU otherwise, lands in this step's time (about 0.2 ms on the H200 runs).
 
   Every coefficient of this regime is fitted non-negative: each term is work, which cannot make
   a step shorter. Its terms are correlated in the calibration runs (longer chunks, longer
@@ -62,8 +67,9 @@ from horizon.metrics.records import RunRecords
 from horizon.plan import PLAN_SHAPE_FIELDS, StepPlan
 from horizon.step_buckets import bucket_of, decode_buckets, mixed_token_buckets
 
-STEP_COLUMNS = (*PLAN_SHAPE_FIELDS, "num_refreshed", "step_s")
-DECODE_TERMS = ("decodes", "decode_context", "refreshed")  # after one intercept per bucket
+STEP_COLUMNS = (*PLAN_SHAPE_FIELDS, "num_refreshed", "num_preempted", "step_s")
+# after one intercept per bucket
+DECODE_TERMS = ("decodes", "decode_context", "refreshed", "preempting")
 MIXED_TERMS = (
     "fixed",
     "token_bucket",
@@ -75,14 +81,17 @@ MIXED_TERMS = (
     "chunks",
     "context_per_decode",
     "refreshed",
+    "preempting",
 )
 
 
 def step_rows(rec: RunRecords) -> np.ndarray:
     """``[steps, len(STEP_COLUMNS)]`` of a run's records (float64). Raises ValueError for
-    records without plan columns (written before records v3)."""
-    if len(rec.num_refreshed) and rec.num_refreshed.min() < 0:
-        raise ValueError("records without plan columns (num_refreshed = -1): re-run them")
+    records without every plan column (written before records v4)."""
+    for name in ("num_refreshed", "num_preempted"):
+        col = getattr(rec, name)
+        if len(col) and col.min() < 0:
+            raise ValueError(f"records without plan columns ({name} = -1): re-run them")
     return np.stack(
         [
             rec.prefill_tokens,
@@ -92,6 +101,7 @@ def step_rows(rec: RunRecords) -> np.ndarray:
             rec.prefill_attention_pairs,
             rec.num_prefills,
             rec.num_refreshed,
+            rec.num_preempted,
             rec.step_durations(),
         ],
         axis=1,
@@ -117,16 +127,17 @@ class Buckets:
 def features(rows: np.ndarray, buckets: Buckets) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(is_mixed, decode features, mixed features)`` of ``STEP_COLUMNS`` rows (the
     features of the other regime's rows are computed too, and ignored)."""
-    p, d, dctx, pctx, pairs, n, ref = (rows[:, i] for i in range(7))
+    p, d, dctx, pctx, pairs, n, ref, pre = (rows[:, i] for i in range(8))
+    drains = (pre > 0).astype(np.float64)
     db, mb = buckets.decode, buckets.mixed
     one = np.ones(len(rows))
     bd = np.array([bucket_of(int(x), db) for x in d], dtype=np.float64)
     t = p + d
     bt = np.array([bucket_of(int(x), mb) for x in t], dtype=np.float64)
     graphs = (bd[:, None] == np.array(db, dtype=np.float64)[None, :]).astype(np.float64)
-    dec = np.concatenate([graphs, np.stack([d, dctx, ref], axis=1)], axis=1)
+    dec = np.concatenate([graphs, np.stack([d, dctx, ref, drains], axis=1)], axis=1)
     per_decode = dctx / np.maximum(d, 1.0)
-    mix = np.stack([one, bt, t, pairs, pctx, dctx, d, n, per_decode, ref], axis=1)
+    mix = np.stack([one, bt, t, pairs, pctx, dctx, d, n, per_decode, ref, drains], axis=1)
     return p > 0, dec, mix
 
 
@@ -234,10 +245,11 @@ class EngineCostModel:
         p = plan.num_prefill_tokens
         if p == 0 and d == 0:
             return 0.0
+        drains = 1.0 if plan.preempted else 0.0
         if p == 0:
             c = self.decode_coef
-            s = self._graph_fixed[d] + c[-3] * d + c[-2] * plan.decode_context_tokens
-            return max(s + c[-1] * plan.num_refreshed, 1e-6)
+            s = self._graph_fixed[d] + c[-4] * d + c[-3] * plan.decode_context_tokens
+            return max(s + c[-2] * plan.num_refreshed + c[-1] * drains, 1e-6)
         c = self.mixed_coef
         t = p + d
         x = (
@@ -250,8 +262,10 @@ class EngineCostModel:
             d,
             len(plan.prefills),
             plan.decode_context_tokens / max(d, 1),
+            plan.num_refreshed,
+            drains,
         )
-        s = sum(a * b for a, b in zip(c, x)) + c[-1] * plan.num_refreshed
+        s = sum(a * b for a, b in zip(c, x))
         return max(s, 1e-6)
 
     @functools.cached_property

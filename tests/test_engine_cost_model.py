@@ -21,8 +21,8 @@ from simulator.engine_cost_model import (
 )
 
 GOLDEN = Path(__file__).parent / "data" / "golden"
-DEC = (900e-6, 4e-6, 2e-6, 5e-9, 40e-6)
-MIX = (1500e-6, 1.5e-6, 0.2e-6, 1e-11, 0.1e-6, 3e-8, 1e-6, 20e-6, 4e-7, 45e-6)
+DEC = (900e-6, 4e-6, 2e-6, 5e-9, 40e-6, 200e-6)
+MIX = (1500e-6, 1.5e-6, 0.2e-6, 1e-11, 0.1e-6, 3e-8, 1e-6, 20e-6, 4e-7, 45e-6, 180e-6)
 
 
 def _synthetic(
@@ -38,13 +38,15 @@ def _synthetic(
     pairs = p * (pctx - p) + p * (p + 1) // 2
     dctx = d * rng.integers(100, 3000, n)
     ref = np.where(rng.random(n) < 1 / 16, d, 0)
-    rows = np.stack([p, d, dctx, pctx, pairs, chunks, ref, np.zeros(n)], 1).astype(float)
+    pre = np.where(rng.random(n) < 0.1, rng.integers(1, 4, n), 0)
+    rows = np.stack([p, d, dctx, pctx, pairs, chunks, ref, pre, np.zeros(n)], 1).astype(float)
     db, mb = decode_buckets(256), mixed_token_buckets(2048)
     for r in rows:
-        p_, d_, dctx_, pctx_, pairs_, n_, ref_ = r[:7]
+        p_, d_, dctx_, pctx_, pairs_, n_, ref_, pre_ = r[:8]
+        drains = float(pre_ > 0)
         if p_ == 0:
-            x = (1, bucket_of(int(d_), db), d_, dctx_, ref_)
-            r[7] = np.dot(dec, x)
+            x = (1, bucket_of(int(d_), db), d_, dctx_, ref_, drains)
+            r[8] = np.dot(dec, x)
         else:
             t = p_ + d_
             x = (
@@ -58,8 +60,9 @@ def _synthetic(
                 n_,
                 dctx_ / max(d_, 1),
                 ref_,
+                drains,
             )
-            r[7] = np.dot(mix, x)
+            r[8] = np.dot(mix, x)
     return rows
 
 
@@ -96,17 +99,23 @@ def test_step_time_of_a_plan_equals_the_row_prediction():
     reqs = [Request(i, 0.0, 100, 10, 10) for i in range(40)]
     decode = StepPlan(0, 0.0, tuple(reqs[:37]), (), decode_context_tokens=37 * 500,
                       num_refreshed=37)  # fmt: skip
+    preempting = StepPlan(0, 0.0, tuple(reqs[:36]), (), preempted=(reqs[36], reqs[37]),
+                          decode_context_tokens=36 * 500)  # fmt: skip
     mixed = StepPlan(
         1, 0.0, tuple(reqs[:5]), ((reqs[5], 300), (reqs[6], 20)), num_prefill_tokens=320,
         decode_context_tokens=2500, prefill_context_tokens=300 + 1020,
-        prefill_attention_pairs=300 * 301 // 2 + 20 * 1000 + 20 * 21 // 2,
+        prefill_attention_pairs=300 * 301 // 2 + 20 * 1000 + 20 * 21 // 2, preempted=(reqs[7],),
     )  # fmt: skip
     for plan, row in (
-        (decode, [0, 37, 37 * 500, 0, 0, 0, 37, 0]),
-        (mixed, [320, 5, 2500, 1320, mixed.prefill_attention_pairs, 2, 0, 0]),
+        (decode, [0, 37, 37 * 500, 0, 0, 0, 37, 0, 0]),
+        (preempting, [0, 36, 36 * 500, 0, 0, 0, 0, 2, 0]),
+        (mixed, [320, 5, 2500, 1320, mixed.prefill_attention_pairs, 2, 0, 1, 0]),
     ):
         want = model.predict_rows(np.array([row], dtype=float))[0]
         assert model.step_time(plan) == pytest.approx(want, rel=1e-12)
+    # a plan that preempts drains the pipeline: its step costs the fitted drain on top
+    plain = StepPlan(0, 0.0, tuple(reqs[:36]), (), decode_context_tokens=36 * 500)
+    assert model.step_time(preempting) - model.step_time(plain) == pytest.approx(DEC[-1], rel=1e-5)
     assert model.step_time(StepPlan(2, 0.0, (), ())) == 0.0
     report = model.report()
     assert set(report) == {"decode_only_us", "mixed_us"}

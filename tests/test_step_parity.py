@@ -137,6 +137,8 @@ def test_golden_files_are_what_the_readme_says():
             assert np.array_equal(eng.request_id, [r.request_id for r in requests])
             assert (eng.status == 0).all()  # every request finished
             assert len(eng.step_end) > 800
+            # per-step preemptions (added by replay) agree with the engine's per-request counts
+            assert eng.num_preempted.sum() == eng.num_preemptions.sum()
     # the burst tells the policies apart: fcfs over-admits and preempts, horizon defers
     assert _engine_records("fcfs", CASES[1]).num_preemptions.sum() > 0
     assert _engine_records("horizon", CASES[1]).num_preemptions.sum() == 0

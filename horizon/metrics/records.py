@@ -24,8 +24,9 @@ tokens were out; non-decreasing), prefill_tokens, decode_tokens,
 num_running, num_waiting (after the step's admissions), kv_used_blocks, token_budget, and the
 rest of the step's plan shape (``horizon.plan.PLAN_SHAPE_FIELDS``): num_prefills (chunks),
 decode_context_tokens, prefill_context_tokens, prefill_attention_pairs, and num_refreshed (the
-policy's host work, ``StepPlan.num_refreshed``) — what a cost model reads, so that a run's
-measured steps can calibrate one. Records written before these columns existed
+policy's host work, ``StepPlan.num_refreshed``) and num_preempted (requests the plan preempted:
+a pipelined engine drains its pipeline for such a plan) — what a cost model reads, so that a
+run's measured steps can calibrate one. Records written before these columns existed
 load with them at -1 (unknown).
 Scalars: num_kv_blocks, block_size.
 """
@@ -48,6 +49,7 @@ STEP_PLAN_COLUMNS = (
     "prefill_context_tokens",
     "prefill_attention_pairs",
     "num_refreshed",
+    "num_preempted",  # records v4
 )
 
 
@@ -83,6 +85,7 @@ class RunRecords:
     prefill_context_tokens: np.ndarray
     prefill_attention_pairs: np.ndarray
     num_refreshed: np.ndarray
+    num_preempted: np.ndarray
     num_kv_blocks: int
     block_size: int
 
