@@ -57,8 +57,9 @@ import functools
 import gzip
 import io
 import json
+import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -219,6 +220,18 @@ class EngineCostModel:
             coefs.append(tuple(float(v) for v in c))
             residuals.append(y[sel] / np.maximum(x[sel] @ c, 1e-6))
         return cls(coefs[0], coefs[1], buckets, dict(meta or {}), (residuals[0], residuals[1]))
+
+    def scaled(self, factor: float) -> EngineCostModel:
+        """This model with every step ``factor`` times as long (a uniform bias: how far a
+        simulated metric moves when the cost model is off by a given share)."""
+        if not (math.isfinite(factor) and factor > 0):
+            raise ValueError(f"scale factor must be finite and > 0, got {factor!r}")
+        return replace(
+            self,
+            decode_coef=tuple(c * factor for c in self.decode_coef),
+            mixed_coef=tuple(c * factor for c in self.mixed_coef),
+            residuals=None,
+        )
 
     def with_noise(self, seed: int, block_steps: int = 2000) -> NoisyStepCost:
         """This model times a seeded block resampling of its own fitted steps'

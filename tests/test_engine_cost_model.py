@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import numpy as np
@@ -205,3 +206,19 @@ def test_registry_builds_the_engine_fitted_model_with_and_without_noise(tmp_path
     assert make_cost_model("engine_fitted", noise_seed=3, **kw).seed == 3
     with pytest.raises(ValueError, match="qwen2.5-7b"):
         make_cost_model("engine_fitted", **{**kw, "shape": model_shape("qwen2.5-7b")})
+
+
+def test_scaled_model_times_every_step_by_the_factor():
+    model = EngineCostModel.fit(_synthetic(2000, 4))
+    rows = _synthetic(200, 5)
+    np.testing.assert_allclose(
+        model.scaled(1.01).predict_rows(rows), 1.01 * model.predict_rows(rows), rtol=1e-12
+    )
+    reqs = [Request(i, 0.0, 100, 10, 10) for i in range(8)]
+    plan = StepPlan(0, 0.0, tuple(reqs[:6]), ((reqs[6], 64),), num_prefill_tokens=64,
+                    decode_context_tokens=6 * 300, prefill_context_tokens=64,
+                    prefill_attention_pairs=64 * 65 // 2, preempted=(reqs[7],))  # fmt: skip
+    assert model.scaled(0.99).step_time(plan) == pytest.approx(0.99 * model.step_time(plan))
+    for bad in (0.0, -1.0, math.inf, math.nan):
+        with pytest.raises(ValueError, match="scale factor"):
+            model.scaled(bad)

@@ -40,6 +40,12 @@ def test_compare_reports_every_figure(engine_dir, capsys):
     last = capsys.readouterr().out.strip().splitlines()[-1]
     printed = json.loads(last)
     noise = printed.pop("with_step_noise")
+    bias = printed.pop("one_percent_sensitivity")
+    assert bias == pytest.approx(result.pop("one_percent_sensitivity"))
+    assert set(bias) == {"goodput_err_pts", *(f"{k}_err" for k in METRICS)}
+    # every step 1% longer or shorter: requests end about 1-2% later or sooner (queueing in
+    # the burst adds to the step's own share)
+    assert 0.005 < bias["e2e_mean_err"] < 0.05 and all(v >= 0 for v in bias.values())
     inside, total = (int(v) for v in printed.pop("engine_goodput_in_sim_band").split("/"))
     assert total == 2 and 0 <= inside <= 2
     assert result.pop("engine_goodput_in_sim_band") == f"{inside}/{total}"
