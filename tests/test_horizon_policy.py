@@ -188,3 +188,32 @@ def test_check_integrity_catches_a_corrupt_state():
     hz._use[3] = -5.0
     with pytest.raises(AssertionError, match="below 0"):
         hz.check_integrity()
+
+
+def test_eviction_takes_a_request_that_can_no_longer_be_good_first():
+    """A request admitted after its TTFT deadline, or one already preempted after its first
+    token, costs no goodput to evict: it goes before a request that can still be good, even one
+    with more predicted work left per token computed."""
+    hz, _ = _ranked(1000, [], now=2.0)  # refreshed at step 16, t = 2.0 s, 10 ms per step
+    view = _View(1000, 16)
+    good = Request(0, 1.9, 50, 900, 800)  # 0.1 s in the queue: can still meet its 1 s TTFT
+    late = Request(1, 0.5, 50, 900, 100)  # 1.5 s in the queue: its first token is late
+    for r in (good, late):
+        assert hz.admit(r, view)
+        r.admit_seq = r.request_id
+    # remaining work per token computed alone would pick `good` (800 tokens left against 100)
+    assert hz.choose_victim([good, late], good, 2.0) is late
+    fresh = Request(2, 1.95, 50, 900, 100)
+    assert hz.admit(fresh, view)
+    fresh.admit_seq = 2
+    assert hz.choose_victim([good, fresh], good, 2.0) is good  # neither lost: most work left
+    # a request preempted after its first token has a broken gap: next time it goes first
+    hz2, _ = _ranked(1000, [], now=2.0)
+    a, c = Request(3, 1.9, 50, 1800, 800), Request(4, 1.9, 50, 1800, 1500)
+    for i, r in enumerate((a, c)):
+        assert hz2.admit(r, view)
+        r.admit_seq = i
+        r.advance(r.num_tokens_to_compute)  # prefill done: first token out
+    assert hz2.choose_victim([a], a, 2.0) is a  # preempted (alone) with a token out
+    assert hz2.choose_victim([a, c], c, 2.0) is a  # c has more work left, but a is lost
+    hz2.check_integrity()

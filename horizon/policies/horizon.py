@@ -31,8 +31,11 @@ most of the pool. Horizon projects the pool's *expected* future from predicted l
   starvation bound (tier 0) still holds for them.
 * **Refresh** (every ``refresh_every`` steps): running requests' predictions are recomputed
   from the tokens generated so far (``predictor.update``) and ``U`` is rebuilt.
-* **Eviction** (``choose_victim``): when a block cannot be had anyway, evict the running request
-  with the most predicted remaining work per token already computed (least lost, most freed).
+* **Eviction** (``choose_victim``): when a block cannot be had anyway, evict first a running
+  request that can no longer meet its SLO, whose preemption costs no goodput: one admitted
+  after its TTFT deadline, or one already preempted after its first token (its inter-token gap
+  is broken); among those, and otherwise, the one with the most predicted remaining work per
+  token already computed (least lost, most freed).
 
 The predictor is injected (built in predictors/); this module reads only the
 ``LengthPredictor`` protocol, so the core stays free of scikit-learn.
@@ -52,7 +55,7 @@ from horizon.kv_cache import KVView
 from horizon.policies.base import Policy
 from horizon.policies.expected_use import expected_use
 from horizon.prediction import LengthDistribution, LengthPredictor
-from horizon.request import Request
+from horizon.request import Request, RequestStatus
 
 
 class HorizonPolicy(Policy):
@@ -103,6 +106,8 @@ class HorizonPolicy(Policy):
         self._step_times: deque[float] = deque(maxlen=self._STEP_TIME_WINDOW)
         self._footprint: dict[int, tuple[int, float]] = {}  # waiting id -> (tokens, token-steps)
         self.num_triaged = 0  # requests moved to tier 2 by triage, summed over refreshes
+        # requests that can no longer meet their SLO (late first token, or a broken gap)
+        self._lost: dict[int, Request] = {}
 
     # -- predictions ---------------------------------------------------------------------------
     def _curve(self, r: Request) -> np.ndarray:
@@ -135,6 +140,7 @@ class HorizonPolicy(Policy):
         )
         self._use_step = view.step
         self._observe_step_time(view.step, now)
+        self._lost = {i: r for i, r in self._lost.items() if r.status is not RequestStatus.FINISHED}
 
     _STEP_TIME_WINDOW = 8
 
@@ -154,6 +160,7 @@ class HorizonPolicy(Policy):
         assert float(self._use.min(initial=0.0)) >= -1e-6, "expected pool use below 0"
         assert all(t > 0 for t in self._step_times)
         assert all(f >= 0 for _, f in self._footprint.values())
+        assert all(i == r.request_id for i, r in self._lost.items())
 
     def step_time(self) -> float | None:
         """The recent seconds per step (None before two refreshes)."""
@@ -174,6 +181,19 @@ class HorizonPolicy(Policy):
             out[: n - shift] = self._use[shift:]
         return out
 
+    def _ttft(self, r: Request) -> float:
+        if self.ttft_slo is not None:
+            return self.ttft_slo
+        return r.slo.ttft if r.slo is not None else math.inf
+
+    def _now(self, step: int) -> float | None:
+        """The clock at ``step``, from the last refresh and the recent step time (None before a
+        refresh): admission sees the step, not the time."""
+        if self._last_refresh is None:
+            return None
+        at_step, at = self._last_refresh
+        return at + max(step - at_step, 0) * (self.step_time() or 0.0)
+
     def _remaining(self, r: Request) -> float:
         """Expected remaining tokens at the latest prediction (its mean, computed on demand:
         only eviction reads it)."""
@@ -187,11 +207,7 @@ class HorizonPolicy(Policy):
         waited = now - req.arrival_time
         if req.num_output_tokens or waited >= self.max_wait_s:
             return (0, req.arrival_time, req.request_id)
-        ttft = (
-            self.ttft_slo
-            if self.ttft_slo is not None
-            else (req.slo.ttft if req.slo is not None else math.inf)
-        )
+        ttft = self._ttft(req)
         return (1 if waited < ttft else 2, req.arrival_time + ttft, req.request_id)
 
     def rank_waiting(self, waiting: Sequence[Request], view: KVView, now: float) -> list[Any]:
@@ -256,6 +272,13 @@ class HorizonPolicy(Policy):
         shift = self._shift(view.step)
         if view.num_running and float(np.max(self._aligned_use(shift) + curve)) > limit:
             return False
+        now = self._now(view.step)
+        if (
+            req.num_output_tokens == 0
+            and now is not None
+            and now - req.arrival_time > self._ttft(req)
+        ):
+            self._lost[req.request_id] = req  # its first token comes too late
         # counted until the next refresh rebuilds the sum, aligned to _use's origin
         if shift <= 0:
             self._use += curve
@@ -264,7 +287,16 @@ class HorizonPolicy(Policy):
         return True
 
     def choose_victim(self, running: Sequence[Request], needing: Request, now: float) -> Request:
-        def cost(r: Request) -> tuple[float, int]:
-            return (self._remaining(r) / (r.num_computed_tokens + 1), r.admit_seq)
+        lost = self._lost
 
-        return max(running, key=cost)
+        def cost(r: Request) -> tuple[bool, float, int]:
+            return (
+                r.request_id in lost,
+                self._remaining(r) / (r.num_computed_tokens + 1),
+                r.admit_seq,
+            )
+
+        victim = max(running, key=cost)
+        if victim.num_output_tokens:  # its next token comes after a recompute: the gap is broken
+            lost[victim.request_id] = victim
+        return victim
