@@ -115,6 +115,13 @@ def test_triage_moves_the_largest_requests_that_would_start_late_behind_the_rest
     assert [tier[r.request_id] for r in small] == [1] * 6
     assert [tier[r.request_id] for r in big] == [2, 2, 2]
     assert hz.num_triaged == 3
+    # set aside, they still come before a request whose deadline has passed (it cannot be good)
+    late = Request(99, 0.0, 100, 400, 100)
+    shifted = [Request(r.request_id, r.arrival_time + 1.5, 100 if r in small else 1000,
+                       r.max_output_tokens, 100) for r in waiting]  # fmt: skip
+    hz, keys = _ranked(100, [*shifted, late], now=1.7)  # late: 1.7 s in the queue, TTFT 1 s
+    order = [r.request_id for _, r in sorted(zip(keys, [*shifted, late]), key=lambda kr: kr[0])]
+    assert order[-1] == 99 and set(order[6:9]) == {10, 11, 12}
     _, untouched = _ranked(100, waiting, now=0.2, triage=False)
     assert all(k[0] == 1 for k in untouched)
 

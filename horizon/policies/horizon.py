@@ -14,11 +14,12 @@ most of the pool. Horizon projects the pool's *expected* future from predicted l
   it should not push the pool into preemption. With exact predictions this never preempts; with
   a spread-out prediction it uses the whole distribution, not a pessimistic quantile, since the
   sum over many requests concentrates around its mean (``headroom`` absorbs the rest).
-* **Order** (``waiting_key``, re-keyed at every refresh), in three tiers: (0) requests that must
-  not wait longer: preempted ones (they hold progress) and any that waited ``max_wait_s`` (the
+* **Order** (``waiting_key``, re-keyed at every refresh), in tiers: (0) requests that must not
+  wait longer: preempted ones (they hold progress) and any that waited ``max_wait_s`` (the
   starvation bound), oldest first; (1) requests that can still meet their TTFT target, earliest
-  deadline first; (2) requests whose TTFT target has passed, oldest first. Serving tier 2 before
-  tier 1 cannot raise goodput; serving tier 1 can.
+  deadline first; (2) those triage set aside (below), earliest deadline first: they can still
+  be good if capacity frees up before their deadline; (3) requests whose TTFT target has passed,
+  oldest first. Serving tier 3 before tiers 1-2 cannot raise goodput; serving those can.
 * **Triage** (``rank_waiting``, at each refresh, ``triage=True``): earliest deadline first starts
   every request of an overload just late (each waits behind all older ones). Which requests can
   still start in time is estimated from the same curve: the pool's free token-steps ahead,
@@ -208,7 +209,9 @@ class HorizonPolicy(Policy):
         if req.num_output_tokens or waited >= self.max_wait_s:
             return (0, req.arrival_time, req.request_id)
         ttft = self._ttft(req)
-        return (1 if waited < ttft else 2, req.arrival_time + ttft, req.request_id)
+        if waited < ttft:
+            return (1, req.arrival_time + ttft, req.request_id)
+        return (3, req.arrival_time, req.request_id)
 
     def rank_waiting(self, waiting: Sequence[Request], view: KVView, now: float) -> list[Any]:
         keys = [self.waiting_key(r, now) for r in waiting]
@@ -238,7 +241,7 @@ class HorizonPolicy(Policy):
                 neg, j = heapq.heappop(kept)
                 ahead += neg
                 r = waiting[j]
-                keys[j] = (2, r.arrival_time, r.request_id)
+                keys[j] = (2, keys[j][1], r.request_id)  # set aside, still by deadline
                 self.num_triaged += 1
         return keys
 
