@@ -36,7 +36,7 @@ are all in it. Two linear regimes, each fitted to minimise the mean absolute rel
   ``preempting`` (both regimes) is 1 when the plan preempted a request
   (``StepPlan.preempted``): the pipelined engine then waits for the step in flight before it
   submits this one (a row with a token in flight cannot move), so the host's submit work, hidden
-  behind the GPU otherwise, lands in this step's time (0.2-0.3 ms on the H200 runs).
+  behind the GPU otherwise, lands in this step's time (0.17-0.31 ms fitted on H200 runs).
 
   Every coefficient of this regime is fitted non-negative: each term is work, which cannot make
   a step shorter. Its terms are correlated in the calibration runs (longer chunks, longer
