@@ -193,6 +193,11 @@ def _errors(sim: dict, eng: dict) -> dict[str, float]:
     return out
 
 
+def _err_key(k: str) -> str:
+    """The result key of an ``_errors`` entry: ``<metric>_err``, and ``goodput_err_pts`` as is."""
+    return k if k == "goodput_err_pts" else f"{k}_err"
+
+
 def _rel(sim: float, eng: float) -> float:
     if not (math.isfinite(sim) and math.isfinite(eng)) or eng == 0:
         return math.nan
@@ -288,7 +293,7 @@ def compare(
         for k in ("goodput_lifetime", "preemptions", "finished", *METRICS):
             row[f"{k}_engine"], row[f"{k}_sim"] = e[k], s[k]
         err = _errors(s, e)
-        row.update({(k if k == "goodput_err_pts" else f"{k}_err"): v for k, v in err.items()})
+        row.update({_err_key(k): v for k, v in err.items()})
         rows = run_rows[(c.name, p)]
         modelled = model.predict_rows(rows)
         row["model_bias"] = float(modelled.sum() / rows[:, -1].sum() - 1)
@@ -333,9 +338,7 @@ def compare(
               for r in table for lo, hi in [r["goodput_sim_band"]]]  # fmt: skip
     result["engine_goodput_in_sim_band"] = f"{sum(inside)}/{len(inside)}"
     result["with_step_noise"] = {
-        f"{k}_err" if k != "goodput_err_pts" else k: float(
-            np.median([max(r[k] for r in errs) for errs in noisy])
-        )
+        _err_key(k): float(np.median([max(r[k] for r in errs) for errs in noisy]))
         for k in (*METRICS, "goodput_err_pts")
     }
     # how far a uniform 1% step-time bias alone moves each simulated metric (the model's held-out
@@ -349,8 +352,7 @@ def compare(
         for k in (*METRICS, "goodput_err_pts"):  # flat columns, for table.csv
             r[f"{k}_moved_1pct"] = max(e[k] for e in moved)
     result["one_percent_sensitivity"] = {
-        (f"{k}_err" if k != "goodput_err_pts" else k): max(r[f"{k}_moved_1pct"] for r in table)
-        for k in (*METRICS, "goodput_err_pts")
+        _err_key(k): max(r[f"{k}_moved_1pct"] for r in table) for k in (*METRICS, "goodput_err_pts")
     }
     repeat = _repeat_rows(Path(repeat_dir), table, slo) if repeat_dir else []
     if repeat:
@@ -535,7 +537,7 @@ def _write_page(
     ]
     n = len(table)
     for k in (*METRICS, "goodput_err_pts"):
-        key = k if k == "goodput_err_pts" else f"{k}_err"
+        key = _err_key(k)
         tgt = GOODPUT_TARGET_PTS if k == "goodput_err_pts" else LATENCY_TARGET
         fmt = (lambda v: f"{v:.1f} pts") if k == "goodput_err_pts" else _fmt_pct
         det_in = sum(r[key] <= tgt for r in table)
