@@ -9,7 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from experiments.fidelity_compare import METRICS, _rank_pairs, compare, engine_pipelined
+from experiments.fidelity_compare import (
+    METRICS,
+    _rank_pairs,
+    _same_ranking,
+    compare,
+    engine_pipelined,
+)
 from experiments.fidelity_manifest import Case, Manifest
 
 GOLDEN = Path(__file__).parent / "data" / "golden"
@@ -76,12 +82,25 @@ def test_a_repeat_of_the_engine_is_compared_with_the_first_run(engine_dir):
     assert "engine / engine again / sim" in (engine_dir / "report" / "README.md").read_text()
 
 
-def test_ranking_ties_within_a_point():
-    a = _rank_pairs({"fcfs": 0.995, "horizon": 1.0, "memory_first": 0.2})
-    assert a[("fcfs", "horizon")] == 0  # 0.5 point apart: a tie
-    assert a[("fcfs", "memory_first")] == 1 and a[("horizon", "memory_first")] == 1
-    b = _rank_pairs({"fcfs": 0.95, "horizon": 1.0, "memory_first": 0.2})
-    assert a != b and b[("fcfs", "horizon")] == -1
+def test_ranking_orders_pairs_alike_and_ties_only_where_both_sides_are_near():
+    def same(x: dict[str, float], y: dict[str, float]) -> bool:
+        return _same_ranking(_rank_pairs(x), _rank_pairs(y))
+
+    eng = {"fcfs": 0.955, "horizon": 0.967, "memory_first": 0.048}
+    assert _rank_pairs(eng)[("fcfs", "horizon")] == pytest.approx(-1.2)
+    # one gap measured as 1.2 and 0.9 points: the same order on both sides
+    assert same(eng, {"fcfs": 0.953, "horizon": 0.962, "memory_first": 0.048})
+    # reversed, and beyond the band on one side: a different ranking
+    assert not same(eng, {"fcfs": 0.962, "horizon": 0.960, "memory_first": 0.048})
+    # an exact tie against a lean within the band: a tie on both sides
+    top = {"fcfs": 1.0, "horizon": 1.0, "memory_first": 0.2}
+    assert same(top, {"fcfs": 1.0, "horizon": 0.993, "memory_first": 0.2})
+    # an exact tie against a gap beyond the band: different
+    assert not same(top, {"fcfs": 1.0, "horizon": 0.985, "memory_first": 0.2})
+    # memory_first above fcfs on one side only
+    assert not same(top, {"fcfs": 0.15, "horizon": 1.0, "memory_first": 0.2})
+    with pytest.raises(ValueError, match="different policies"):
+        same(top, {"fcfs": 1.0, "horizon": 1.0})
 
 
 def test_runs_are_simulated_with_the_engine_loop_they_ran():
