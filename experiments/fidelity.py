@@ -20,12 +20,11 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 from experiments.fidelity_manifest import Case, Manifest, PolicySpec
 
-MODEL = "qwen2.5-0.5b"
-SLO_PRESET = "h200_0.5b"
 SCHEDULER = {
     "num_blocks": 1500,
     "block_size": 16,
@@ -64,29 +63,81 @@ CASES = (
     ("multi_r60", "fidelity", "sharegpt_multi_turn", 60.0, 0, 10.0, ALL),
     ("multi_r90", "fidelity", "sharegpt_multi_turn", 90.0, 0, 10.0, ALL),
 )
+# The 7B shape on the headline's KV-bound pool (3,000 blocks, experiments/policy_gain.py) and
+# SLO preset; loads scaled to its capacity (a 7B step is 3-10x a 0.5B one), the last of each
+# workload near its knee. No golden cases: the committed golden logs are the 0.5B's.
+CASES_7B = (
+    ("cal_first_r20", "calibration", "sharegpt_first_turn", 20.0, 1, 8.0, ALL),
+    ("first_r30", "fidelity", "sharegpt_first_turn", 30.0, 0, 10.0, ALL),
+    ("cal_first_r45", "calibration", "sharegpt_first_turn", 45.0, 1, 8.0, ALL),
+    ("first_r60", "fidelity", "sharegpt_first_turn", 60.0, 0, 10.0, ALL),
+    ("cal_first_r75", "calibration", "sharegpt_first_turn", 75.0, 1, 8.0, ALL),
+    ("first_r90", "fidelity", "sharegpt_first_turn", 90.0, 0, 10.0, ALL),
+    ("cal_first_r100", "calibration", "sharegpt_first_turn", 100.0, 1, 8.0, ALL),
+    ("cal_multi_r15", "calibration", "sharegpt_multi_turn", 15.0, 1, 8.0, ALL),
+    ("multi_r10", "fidelity", "sharegpt_multi_turn", 10.0, 0, 10.0, ALL),
+    ("cal_multi_r25", "calibration", "sharegpt_multi_turn", 25.0, 1, 8.0, ALL),
+    ("multi_r20", "fidelity", "sharegpt_multi_turn", 20.0, 0, 10.0, ALL),
+    ("multi_r30", "fidelity", "sharegpt_multi_turn", 30.0, 0, 10.0, ALL),
+    # above the top multi-turn load, as the first-turn calibration reaches above its own
+    ("cal_multi_r35", "calibration", "sharegpt_multi_turn", 35.0, 1, 8.0, ALL),
+)
+
+
+@dataclass(frozen=True)
+class Preset:
+    """What one model shape's fidelity experiment runs: the scheduler, SLO preset and cases."""
+
+    model: str
+    slo_preset: str
+    scheduler: dict
+    cases: tuple
+    out: str  # the default export folder (gpu_inputs/...)
+
+
+PRESETS = {
+    "qwen2.5-0.5b": Preset("qwen2.5-0.5b", "h200_0.5b", SCHEDULER, CASES, "gpu_inputs/fidelity"),
+    "qwen2.5-7b": Preset(
+        "qwen2.5-7b",
+        "h200_7b",
+        {**SCHEDULER, "num_blocks": 3000},
+        CASES_7B,
+        "gpu_inputs/fidelity_qwen2.5-7b",
+    ),
+}
+MODEL = "qwen2.5-0.5b"  # the default preset
 DRAIN_S = 5.0  # runs stop this long after the last arrival (an overloaded queue never drains)
 
 
-def export(out: str) -> Manifest:
+def preset(model: str) -> Preset:
+    if model not in PRESETS:
+        raise ValueError(f"no fidelity preset for model {model!r}; have {sorted(PRESETS)}")
+    return PRESETS[model]
+
+
+def export(out: str | None = None, model: str = MODEL) -> Manifest:
+    """Build every case's requests and the manifest of ``model``'s preset under ``out``
+    (default: the preset's folder)."""
     from experiments.engine_runs import _config
     from experiments.workloads import DataSources, make_workload
     from horizon.workload.requests_file import save_requests
 
-    outdir = Path(out)
+    pre = preset(model)
+    outdir = Path(out or pre.out)
     outdir.mkdir(parents=True, exist_ok=True)
     cases, slo, sources = [], None, None
-    for name, role, workload, rate, seed, seconds, policies in CASES:
+    for name, role, workload, rate, seed, seconds, policies in pre.cases:
         n = max(1, round(rate * seconds))
         cfg = _config(
             [
-                f"model={MODEL}",
-                f"slo={SLO_PRESET}",
+                f"model={pre.model}",
+                f"slo={pre.slo_preset}",
                 f"workload={workload}",
                 f"rate={rate}",
                 f"seed={seed}",
                 f"num_requests={n}",
-                f"model.num_blocks={SCHEDULER['num_blocks']}",
-                f"scheduler.max_model_len={SCHEDULER['max_model_len']}",
+                f"model.num_blocks={pre.scheduler['num_blocks']}",
+                f"scheduler.max_model_len={pre.scheduler['max_model_len']}",
             ]
         )
         sources = sources or DataSources(cfg.data)
@@ -99,13 +150,13 @@ def export(out: str) -> Manifest:
         )
         print(f"{name}: {len(requests)} requests over {last:.1f} s")
     m = Manifest(
-        model=MODEL,
-        scheduler=dict(SCHEDULER),
+        model=pre.model,
+        scheduler=dict(pre.scheduler),
         ttft_slo=slo.ttft,
         itl_slo=slo.itl,
         policies=dict(POLICIES),
         cases=tuple(cases),
-        notes={"slo_preset": SLO_PRESET, "drain_s": DRAIN_S},
+        notes={"slo_preset": pre.slo_preset, "drain_s": DRAIN_S},
     )
     m.save(outdir / "manifest.json")
     return m
@@ -115,7 +166,8 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     e = sub.add_parser("export")
-    e.add_argument("--out", default="gpu_inputs/fidelity")
+    e.add_argument("--out", default=None, help="default: the preset's gpu_inputs folder")
+    e.add_argument("--model", default=MODEL, choices=sorted(PRESETS))
     c = sub.add_parser("compare")
     c.add_argument("engine_dir")
     c.add_argument("--manifest", default=None)
@@ -123,8 +175,9 @@ def main(argv: list[str] | None = None) -> None:
     c.add_argument("--repeat", default=None, help="a second engine run of some cases")
     args = ap.parse_args(argv)
     if args.cmd == "export":
-        m = export(args.out)
-        print(json.dumps({"cases": len(m.cases), "manifest": f"{args.out}/manifest.json"}))
+        m = export(args.out, args.model)
+        out = args.out or preset(args.model).out
+        print(json.dumps({"cases": len(m.cases), "manifest": f"{out}/manifest.json"}))
     else:
         from experiments.fidelity_compare import compare
 

@@ -68,6 +68,14 @@ def _load_runs(engine_dir: Path, cases: tuple[Case, ...]) -> dict[tuple[str, str
     return runs
 
 
+def _engine_model(engine_dir: Path) -> str:
+    """The model shape the engine runs under ``engine_dir`` ran (from their meta.json)."""
+    metas = sorted(engine_dir.glob("*/*/meta.json"))
+    if not metas:
+        raise FileNotFoundError(f"{engine_dir}: no engine runs (<case>/<policy>/meta.json)")
+    return json.loads(metas[0].read_text())["model"]
+
+
 def _meta(engine_dir: Path, case: Case) -> dict:
     return json.loads((engine_dir / case.name / case.policies[0] / "meta.json").read_text())
 
@@ -231,6 +239,7 @@ def compare(
     (default ``calibration/h200_<model>_online.csv.gz``). ``repeat_dir``: a second engine run
     of some of the fidelity cases (same layout): the page then compares the engine with itself,
     the floor of any simulator-vs-engine comparison. Returns the headline dict."""
+    from experiments.fidelity import export, preset
     from simulator.engine_cost_model import (
         Buckets,
         EngineCostModel,
@@ -241,11 +250,10 @@ def compare(
     from simulator.simulation import Simulation
 
     edir = Path(engine_dir)
-    mpath = Path(manifest_path or REPO / "gpu_inputs" / "fidelity" / "manifest.json")
+    model = _engine_model(edir)
+    mpath = Path(manifest_path or REPO / preset(model).out / "manifest.json")
     if manifest_path is None and not mpath.exists():  # the requests are rebuilt, seeded
-        from experiments.fidelity import export
-
-        export(str(mpath.parent))
+        export(str(mpath.parent), model)
     m = Manifest.load(mpath)
     cal, fid = m.of_role("calibration"), m.of_role("fidelity")
     runs = _load_runs(edir, cal + fid)
@@ -276,6 +284,7 @@ def compare(
                     "max_num_batched_tokens": buckets.max_num_batched_tokens},
         "step_s": "each step's own time in the engine's online loop (records' "
         "step_durations: from the later of its planning and the previous step's end to its end)",
+        "knee_tokens": model.knee,  # chosen by the fit above; from_file reads it back
     }  # fmt: skip
     cal_file = Path(calibration_out or REPO / "calibration" / f"h200_{m.model}_online.csv.gz")
     write_steps(cal_rows, cal_file, cal_meta)
@@ -457,6 +466,12 @@ def _fmt_pct(x: float) -> str:
     return "n/a" if not math.isfinite(x) else f"{100 * x:.1f}%"
 
 
+def _repo_path(p: Path) -> str:
+    """``p`` relative to the repository where it lies inside it."""
+    q = p.resolve()
+    return str(q.relative_to(REPO)) if q.is_relative_to(REPO) else str(p)
+
+
 def _write_page(
     path: Path,
     m: Manifest,
@@ -471,6 +486,8 @@ def _write_page(
     repeat_dir: str | None,
     noisy: list[list[dict]],
 ) -> None:
+    from experiments.fidelity import preset
+
     targets = {k: LATENCY_TARGET for k in result if k.endswith("_err")}
     pipelined = engine_pipelined(meta.get("engine") or {})
     lines = [
@@ -484,11 +501,17 @@ def _write_page(
         "Regenerate (the GPU half saves the engine records; this page comes from them on a CPU):",
         "",
         "```bash",
-        "python -m experiments.fidelity export                      # requests + manifest",
-        "python -m executor.replay --manifest gpu_inputs/fidelity/manifest.json --out DIR  # GPU",
+        f"python -m experiments.fidelity export --model {m.model}    # requests + manifest",
+        f"python -m executor.replay --manifest {preset(m.model).out}/manifest.json --out DIR"
+        "  # GPU",
         f"python -m experiments.fidelity compare {edir}"
         + (f" --repeat {repeat_dir}" if repeat_dir else "")
-        + "   # this page (CPU, ~30 s)",
+        + (
+            f" --report {_repo_path(path.parent)}"
+            if _repo_path(path.parent) != "docs/fidelity"
+            else ""
+        )
+        + "   # this page (CPU, a few minutes)",
         "```",
         "",
         "## Headline (worst over every case and policy)",
@@ -601,7 +624,15 @@ def _write_page(
         "pairs and the chunks' prefix (a chunk's queries walk their whole prefix), and the "
         "context per decode (`context_per_decode`: in a mixed step the decodes run through the "
         "prefill kernel without split-K, so with few decodes the step waits for its longest "
-        "contexts; the decode-only graphs split them). `refreshed` "
+        "contexts; the decode-only graphs split them), and the padded tokens past the knee "
+        "(`tokens_past_knee`: a step reads the weights once, and below the knee its tokens' "
+        "matmuls take no longer than that read; past it each token costs its FLOPs; "
+        + (
+            f"knee at {model.knee} tokens"
+            if model.knee is not None
+            else "no knee: this shape's steps show no such corner, the term is 0"
+        )  # fmt: skip
+        + "). `refreshed` "
         "is host time the policy spends re-predicting running requests; in the pipelined loop "
         "the GPU hides host time, and the small negative decode-only coefficients only trade "
         "off against the graph intercepts. The mixed regime is fitted non-negative (each term "
@@ -609,11 +640,11 @@ def _write_page(
         "buys a lower calibration error with negative terms that mislead beyond those runs; a "
         "term at 0 is one the constraint dropped. Both regimes are fitted to minimise the "
         "mean absolute relative error, the figure they are judged by. The roofline misses the "
-        "fixed part (launch-bound at this model size), the profiler's grid (each shape timed "
+        "fixed part (the loop's launches and host work), the profiler's grid (each shape timed "
         "alone) misses the online loop's behaviour, and a boosted tree on the same features "
-        f"does no better ({step_mape['tree, online steps']['all']:.2f}% against "
-        f"{step_mape['linear, online steps']['all']:.2f}%); both sit near the floor below, so "
-        "the linear model is kept.",
+        f"scores {step_mape['tree, online steps']['all']:.2f}% against the linear model's "
+        f"{step_mape['linear, online steps']['all']:.2f}%; both sit near the floor below, so "
+        "the linear model, which reads term by term, is kept.",
         "",
         "## Per case and policy (engine / simulator)",
         "",
@@ -693,9 +724,9 @@ def _write_page(
             f"other decode-only steps {other:.2f}× (p99 ITL of that run: "
             f"{1e3 * top['itl_p99_engine']:.2f} ms on the engine, "
             f"{1e3 * top['itl_p99_sim']:.2f} ms simulated). Where such a stretch is large it "
-            "lifts the p99 ITL, every refresh_every-th step. The 0.5B model's steps (~1.5 ms) "
-            "hide little host time; a 7B's (4.4 ms at batch 1 on the H200, more when batched) "
-            "should hide a refresh of this size (not measured).",
+            "lifts the p99 ITL, every refresh_every-th step; the longer a model's steps, the "
+            "more host time they hide (compare the two shapes' pages: `docs/fidelity` for the "
+            "0.5B, `docs/fidelity_qwen2.5-7b` for the 7B).",
         ]
     if repeat:
         lines += [

@@ -20,7 +20,7 @@ are all in it. Two linear regimes, each fitted to minimise the mean absolute rel
 
       t = a + b * bucket(tokens) + c * tokens + e * attention_pairs + f * prefill_context
             + g * decode_context + h * decodes + i * chunks + j * decode_context / decodes
-            + k * refreshed + l * preempting
+            + k * refreshed + l * preempting + m * max(bucket(tokens) - knee, 0)
 
   ``decode_context / decodes`` (the mean context a decode reads; 0 without decodes) is the
   critical path of a mixed step's decode attention: there the decodes run as one-query chunks
@@ -28,6 +28,14 @@ are all in it. Two linear regimes, each fitted to minimise the mean absolute rel
   no split-K (the decode-only graphs split long contexts). With few decodes the GPU is not
   full and the step waits for its longest sequences, so the time follows the context *per*
   decode, not only the sum ``decode_context``.
+
+  ``max(bucket(tokens) - knee, 0)`` is the roofline's corner: a step reads the weights once,
+  and a few hundred tokens' matmuls take no longer than that read (memory-bound: the fixed part
+  and the gentle per-token slope); past the knee each further token costs its FLOPs
+  (compute-bound). ``fit`` picks the knee among the mixed token buckets by calibration error,
+  and keeps one only where it lowers that error by ``KNEE_MIN_GAIN`` (a 7B's steps turn
+  compute-bound at a few hundred tokens; a 0.5B's launch-bound steps show no corner, and its
+  model has no knee: ``knee`` is None and the term 0).
 
   ``refreshed`` is ``StepPlan.num_refreshed``: requests whose predictions the policy recomputed
   while planning (Horizon: every running request every ``refresh_every`` steps). Its coefficient
@@ -83,7 +91,9 @@ MIXED_TERMS = (
     "context_per_decode",
     "refreshed",
     "preempting",
+    "tokens_past_knee",
 )
+KNEE_MIN_GAIN = 0.05  # a knee is kept when it lowers the mixed calibration MAPE by 5% (relative)
 
 
 def step_rows(rec: RunRecords) -> np.ndarray:
@@ -125,9 +135,12 @@ class Buckets:
         return mixed_token_buckets(self.max_num_batched_tokens)
 
 
-def features(rows: np.ndarray, buckets: Buckets) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def features(
+    rows: np.ndarray, buckets: Buckets, knee: int | None = None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(is_mixed, decode features, mixed features)`` of ``STEP_COLUMNS`` rows (the
-    features of the other regime's rows are computed too, and ignored)."""
+    features of the other regime's rows are computed too, and ignored). ``knee``: the mixed
+    regime's compute-bound corner in padded tokens (None: no corner, the column is 0)."""
     p, d, dctx, pctx, pairs, n, ref, pre = (rows[:, i] for i in range(8))
     drains = (pre > 0).astype(np.float64)
     db, mb = buckets.decode, buckets.mixed
@@ -138,7 +151,8 @@ def features(rows: np.ndarray, buckets: Buckets) -> tuple[np.ndarray, np.ndarray
     graphs = (bd[:, None] == np.array(db, dtype=np.float64)[None, :]).astype(np.float64)
     dec = np.concatenate([graphs, np.stack([d, dctx, ref, drains], axis=1)], axis=1)
     per_decode = dctx / np.maximum(d, 1.0)
-    mix = np.stack([one, bt, t, pairs, pctx, dctx, d, n, per_decode, ref, drains], axis=1)
+    past = np.maximum(bt - knee, 0.0) if knee is not None else np.zeros(len(rows))
+    mix = np.stack([one, bt, t, pairs, pctx, dctx, d, n, per_decode, ref, drains, past], axis=1)
     return p > 0, dec, mix
 
 
@@ -167,6 +181,26 @@ def _fit_mape(
     return coef
 
 
+def _choose_knee(rows: np.ndarray, buckets: Buckets) -> int | None:
+    """The mixed regime's knee: the mixed token bucket (all but the largest) whose hinge term
+    fits the mixed ``rows`` best, if it lowers their MAPE by ``KNEE_MIN_GAIN`` against no knee;
+    else None. ``rows``: steps with a token."""
+    sel = rows[:, 0] > 0
+    if sel.sum() < 20:
+        return None  # fit() raises for this
+    y = rows[sel, -1]
+
+    def err(knee: int | None) -> float:
+        x = features(rows[sel], buckets, knee)[2]
+        if knee is None:
+            x = x[:, :-1]
+        return float(np.mean(np.abs(x @ _fit_mape(x, y, nonneg=True) - y) / y))
+
+    none = err(None)
+    best, at = min((err(k), k) for k in buckets.mixed[:-1])
+    return at if best < (1 - KNEE_MIN_GAIN) * none - 1e-6 else None  # (exact fits: no knee)
+
+
 def _fill_intercepts(coef: np.ndarray, seen: np.ndarray, buckets: Sequence[int]) -> np.ndarray:
     """Intercepts of buckets without steps: interpolated between measured neighbours, or on
     the least-squares line through the measured ones beyond them."""
@@ -190,20 +224,32 @@ class EngineCostModel:
     decode_coef: tuple[float, ...]
     mixed_coef: tuple[float, ...]
     buckets: Buckets = Buckets()
+    knee: int | None = None  # the mixed regime's compute-bound corner (padded tokens)
     meta: dict = field(default_factory=dict, compare=False)
     # measured / modelled time of every fitted step, per regime (decode-only, mixed), in the
     # order measured: the empirical step-time noise ``with_noise`` resamples
     residuals: tuple[np.ndarray, np.ndarray] | None = field(default=None, compare=False, repr=False)
 
     @classmethod
-    def fit(cls, rows: np.ndarray, buckets: Buckets = Buckets(), meta: dict | None = None):  # noqa: ANN206
-        """Fit to ``STEP_COLUMNS`` rows (steps with no token are ignored).
+    def fit(  # noqa: ANN206
+        cls,
+        rows: np.ndarray,
+        buckets: Buckets = Buckets(),
+        meta: dict | None = None,
+        knee: int | None | str = "search",
+    ):
+        """Fit to ``STEP_COLUMNS`` rows (steps with no token are ignored). ``knee``: the mixed
+        regime's corner in padded tokens, None for none, or ``"search"`` (``_choose_knee``).
 
         Raises:
             ValueError: fewer than 20 rows of a regime.
         """
         rows = rows[(rows[:, 0] + rows[:, 1]) > 0]
-        mixed, dec, mix = features(rows, buckets)
+        if knee == "search":
+            knee = _choose_knee(rows, buckets)
+        elif knee is not None and not (isinstance(knee, int) and knee > 0):
+            raise ValueError(f"knee must be a positive int, None or 'search', got {knee!r}")
+        mixed, dec, mix = features(rows, buckets, knee)
         y = rows[:, -1]
         coefs, residuals = [], []
         k = len(buckets.decode)
@@ -219,7 +265,9 @@ class EngineCostModel:
                 c = _fill_intercepts(c, used[:k], buckets.decode)
             coefs.append(tuple(float(v) for v in c))
             residuals.append(y[sel] / np.maximum(x[sel] @ c, 1e-6))
-        return cls(coefs[0], coefs[1], buckets, dict(meta or {}), (residuals[0], residuals[1]))
+        return cls(
+            coefs[0], coefs[1], buckets, knee, dict(meta or {}), (residuals[0], residuals[1])
+        )
 
     def scaled(self, factor: float) -> EngineCostModel:
         """This model with every step ``factor`` times as long (a uniform bias: how far a
@@ -246,10 +294,12 @@ class EngineCostModel:
         """Fit to a calibration file of ``write_steps`` (its sidecar JSON gives the buckets)."""
         rows, meta = read_steps(path)
         b = meta.get("buckets", {})
-        return cls.fit(rows, Buckets(**b) if b else Buckets(), meta)
+        # the knee the file's writer chose (fitting again finds the same; searching costs ~2 s)
+        knee = meta.get("knee_tokens", "search")
+        return cls.fit(rows, Buckets(**b) if b else Buckets(), meta, knee)
 
     def predict_rows(self, rows: np.ndarray) -> np.ndarray:
-        mixed, dec, mix = features(rows, self.buckets)
+        mixed, dec, mix = features(rows, self.buckets, self.knee)
         out = np.where(mixed, mix @ np.array(self.mixed_coef), dec @ np.array(self.decode_coef))
         return np.maximum(out, 1e-6)
 
@@ -265,9 +315,10 @@ class EngineCostModel:
             return max(s + c[-2] * plan.num_refreshed + c[-1] * drains, 1e-6)
         c = self.mixed_coef
         t = p + d
+        bt = bucket_of(t, self.buckets.mixed)
         x = (
             1.0,
-            bucket_of(t, self.buckets.mixed),
+            bt,
             t,
             plan.prefill_attention_pairs,
             plan.prefill_context_tokens,
@@ -277,6 +328,7 @@ class EngineCostModel:
             plan.decode_context_tokens / max(d, 1),
             plan.num_refreshed,
             drains,
+            max(bt - self.knee, 0) if self.knee is not None else 0,
         )
         s = sum(a * b for a, b in zip(c, x))
         return max(s, 1e-6)
@@ -294,6 +346,7 @@ class EngineCostModel:
         return {
             "decode_only_us": dict(zip(names, (1e6 * c for c in self.decode_coef))),
             "mixed_us": dict(zip(MIXED_TERMS, (1e6 * c for c in self.mixed_coef))),
+            "knee_tokens": self.knee,
         }
 
 

@@ -23,13 +23,19 @@ from simulator.engine_cost_model import (
 
 GOLDEN = Path(__file__).parent / "data" / "golden"
 DEC = (900e-6, 4e-6, 2e-6, 5e-9, 40e-6, 200e-6)
-MIX = (1500e-6, 1.5e-6, 0.2e-6, 1e-11, 0.1e-6, 3e-8, 1e-6, 20e-6, 4e-7, 45e-6, 180e-6)
+MIX = (1500e-6, 1.5e-6, 0.2e-6, 1e-11, 0.1e-6, 3e-8, 1e-6, 20e-6, 4e-7, 45e-6, 180e-6, 0.0)
+# a compute-bound corner at 384 padded tokens: 12 us per token past it
+MIX_KNEE = (*MIX[:-1], 12e-6)
 
 
 def _synthetic(
-    n: int, seed: int, mix: tuple[float, ...] = MIX, dec: tuple[float, ...] = DEC
+    n: int,
+    seed: int,
+    mix: tuple[float, ...] = MIX,
+    dec: tuple[float, ...] = DEC,
+    knee: int = 384,
 ) -> np.ndarray:
-    """Rows whose step_s follows the model's own form exactly."""
+    """Rows whose step_s follows the model's own form exactly (the mixed corner at ``knee``)."""
     rng = np.random.default_rng(seed)
     d = rng.integers(0, 200, n)
     p = np.where(rng.random(n) < 0.4, rng.integers(1, 1800, n), 0)
@@ -62,6 +68,7 @@ def _synthetic(
                 dctx_ / max(d_, 1),
                 ref_,
                 drains,
+                max(bucket_of(int(t), mb) - knee, 0),
             )
             r[8] = np.dot(mix, x)
     return rows
@@ -74,6 +81,7 @@ def _graph_intercepts() -> np.ndarray:
 
 def test_fit_recovers_the_generating_coefficients_and_predicts_held_out_rows():
     model = EngineCostModel.fit(_synthetic(3000, 0))
+    assert model.knee is None  # linear data: no corner to find
     k = len(decode_buckets(256))
     # batches up to 199: the buckets above are filled from the line through the others
     np.testing.assert_allclose(model.decode_coef[:k], _graph_intercepts(), rtol=1e-6, atol=1e-12)
@@ -81,6 +89,21 @@ def test_fit_recovers_the_generating_coefficients_and_predicts_held_out_rows():
     np.testing.assert_allclose(model.mixed_coef, MIX, rtol=1e-5, atol=1e-12)
     err = mape(model, _synthetic(500, 1))
     assert err["all"] < 1e-6 and err["steps"] == 500
+
+
+def test_fit_finds_the_compute_bound_corner_of_mixed_steps():
+    rows = _synthetic(3000, 4, MIX_KNEE)
+    model = EngineCostModel.fit(rows)
+    assert model.knee == 384
+    np.testing.assert_allclose(model.mixed_coef, MIX_KNEE, rtol=1e-5, atol=1e-12)
+    assert mape(model, _synthetic(500, 5, MIX_KNEE))["all"] < 1e-6
+    # without the corner the linear form misses the large steps
+    flat = EngineCostModel.fit(rows, knee=None)
+    assert flat.knee is None and mape(flat, _synthetic(500, 5, MIX_KNEE))["mixed"] > 1.0
+    # a given knee is used as is (from_file reads the writer's choice back)
+    assert EngineCostModel.fit(rows, knee=256).knee == 256
+    with pytest.raises(ValueError, match="knee"):
+        EngineCostModel.fit(rows, knee=-5)
 
 
 def test_the_mixed_regime_is_fitted_non_negative():
@@ -96,7 +119,7 @@ def test_the_mixed_regime_is_fitted_non_negative():
 
 
 def test_step_time_of_a_plan_equals_the_row_prediction():
-    model = EngineCostModel.fit(_synthetic(2000, 2))
+    model = EngineCostModel.fit(_synthetic(2000, 2, MIX_KNEE), knee=256)  # 384 - 256 past it
     reqs = [Request(i, 0.0, 100, 10, 10) for i in range(40)]
     decode = StepPlan(0, 0.0, tuple(reqs[:37]), (), decode_context_tokens=37 * 500,
                       num_refreshed=37)  # fmt: skip
@@ -119,7 +142,8 @@ def test_step_time_of_a_plan_equals_the_row_prediction():
     assert model.step_time(preempting) - model.step_time(plain) == pytest.approx(DEC[-1], rel=1e-5)
     assert model.step_time(StepPlan(2, 0.0, (), ())) == 0.0
     report = model.report()
-    assert set(report) == {"decode_only_us", "mixed_us"}
+    assert set(report) == {"decode_only_us", "mixed_us", "knee_tokens"}
+    assert report["knee_tokens"] == 256 and "tokens_past_knee" in report["mixed_us"]
     assert report["decode_only_us"]["refreshed"] > 0
 
 
@@ -136,6 +160,10 @@ def test_calibration_file_round_trip(tmp_path, suffix):
     np.testing.assert_allclose(a.decode_coef, b.decode_coef, rtol=1e-6)
     write_steps(rows, tmp_path / f"again{suffix}", {})
     assert path.read_bytes() == (tmp_path / f"again{suffix}").read_bytes()  # deterministic
+    # the writer's knee is read back as is; without one in the file, the fit searches
+    assert a.knee is None and b.knee is None
+    write_steps(rows, tmp_path / f"kneed{suffix}", {"knee_tokens": 512})
+    assert EngineCostModel.from_file(tmp_path / f"kneed{suffix}").knee == 512
 
 
 def test_bad_inputs_are_named(tmp_path):

@@ -136,3 +136,27 @@ def test_pre_refresh_ratio_reads_the_step_before_each_refresh():
     fcfs = RunRecords.load_npz(str(golden / "golden_burst_r800.fcfs.npz"))
     fcfs_rows = step_rows(fcfs)
     assert _pre_refresh(fcfs.num_refreshed, fcfs_rows, fcfs_rows[:, -1]) is None  # no refreshes
+
+
+@pytest.mark.parametrize("model", ["qwen2.5-0.5b", "qwen2.5-7b"])
+def test_each_shape_preset_calibrates_across_its_fidelity_loads(model):
+    from experiments.fidelity import preset
+
+    p = preset(model)
+    assert p.model == model
+    names = [c[0] for c in p.cases]
+    assert len(names) == len(set(names))
+    for workload in ("sharegpt_first_turn", "sharegpt_multi_turn"):
+        cal = [c[3] for c in p.cases if c[1] == "calibration" and c[2] == workload]
+        fid = [c[3] for c in p.cases if c[1] == "fidelity" and c[2] == workload]
+        assert len(fid) >= 3 and cal and min(cal) < max(fid)
+        assert {c[4] for c in p.cases if c[1] == "calibration"}.isdisjoint(
+            {c[4] for c in p.cases if c[1] == "fidelity"}
+        )  # other seeds
+
+
+def test_an_unknown_shape_is_named():
+    from experiments.fidelity import preset
+
+    with pytest.raises(ValueError, match="no fidelity preset for model 'qwen9'"):
+        preset("qwen9")
