@@ -2,10 +2,11 @@
 
     python -m experiments.policy_gain [--quick] [--no-triage-row] [--out DIR]
 
-Setting: the Qwen2.5-7B shape on one H200 (roofline cost model), the KV-bound pool of the main
-sweep (3,000 blocks), ShareGPT first turns from the half of the conversations held out of the
-learned predictor's training split, Poisson arrivals, SLO preset ``h200_7b`` (TTFT 1 s, ITL
-50 ms), lifetime goodput. Steps:
+Setting: the Qwen2.5-7B shape on one H200 (the roofline cost model by default;
+``--override backend=sim_engine`` for the one fitted to the engine's online 7B steps), the
+KV-bound pool of the main sweep (3,000 blocks), ShareGPT first turns from the half of the
+conversations held out of the learned predictor's training split, Poisson arrivals, SLO preset
+``h200_7b`` (TTFT 1 s, ITL 50 ms), lifetime goodput. Steps:
 
 1. ``load``: bisect the arrival rate until fcfs's lifetime goodput (mean over seeds) is ~0.5;
 2. run every policy there, on every seed: goodput, throughput, p99 TTFT, recompute waste, the
@@ -171,13 +172,16 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"load where fcfs keeps ~50% lifetime goodput: {load:g} req/s", flush=True)
         table = {p: at(p, load) for p in policies}
         rate90 = {p: bisect_rate(mean_goodput(p), 0.9, plan) for p in policies}
-    out = _summary(load, table, rate90, plan, runner.runs, time.perf_counter() - start)
+        cfg = runner.config("fcfs", load, plan.seeds[0])
+    out = _summary(
+        load, table, rate90, plan, runner.runs, time.perf_counter() - start, cfg, args.override
+    )
     _write(out, Path(args.out))
     print(json.dumps(out))
     return out
 
 
-def _summary(load, table, rate90, plan, runs, wall) -> dict:  # noqa: ANN001
+def _summary(load, table, rate90, plan, runs, wall, cfg: RunConfig, extra: list[str]) -> dict:  # noqa: ANN001
     def mean(p: str, m: str) -> float:
         return round(float(np.mean(table[p][m])), 4)
 
@@ -198,13 +202,15 @@ def _summary(load, table, rate90, plan, runs, wall) -> dict:  # noqa: ANN001
         "throughput_spread": {p: spread(p, "throughput_tok_s") for p in table},
         "p99_ttft_spread": {p: spread(p, "ttft_p99") for p in table},
         "goodput_kind": "lifetime (TTFT <= 1 s and every ITL <= 50 ms)",
-        "setting": {
-            "model": "qwen2.5-7b",
+        "setting": {  # as the runs resolved it (--override included)
+            "model": cfg.model.shape,
             "gpu": "H200",
-            "cost_model": "roofline",
-            "num_blocks": 3000,
-            "workload": "sharegpt_first_turn (held-out half of the conversations)",
-            "slo": "h200_7b",
+            "cost_model": cfg.backend.cost_model,
+            "cost_model_options": dict(cfg.backend.cost_model_options),
+            "num_blocks": cfg.model.num_blocks,
+            "workload": f"{cfg.workload.name} ({cfg.workload.conversations} conversations)",
+            "slo": cfg.slo.name,
+            "overrides": list(extra),
             "num_requests": plan.num_requests,
             "seeds": list(plan.seeds),
             "bisection_iterations": plan.iterations,
@@ -236,7 +242,8 @@ def _write(out: dict, where: Path) -> None:
     (where / "policy_gain.json").write_text(json.dumps(out, indent=1))
     lines = [
         f"At {out['load']:g} req/s (fcfs lifetime goodput ~0.5); means over seeds "
-        f"{out['setting']['seeds']} with [min, max].",
+        f"{out['setting']['seeds']} with [min, max]. Cost model: "
+        f"{out['setting']['cost_model']} ({out['setting']['model']}).",
         "",
         "| policy | lifetime goodput | throughput (tok/s) | p99 TTFT (s) | recompute waste "
         "| max queue wait (s) | rate at 90% goodput (req/s) |",
