@@ -1,10 +1,14 @@
 """How far to trust the simulator: the same workloads and policies on the engine and on the
 simulator, metric by metric.
 
-    python -m experiments.fidelity export [--out gpu_inputs/fidelity]          # CPU
+    python -m experiments.fidelity export [--model qwen2.5-0.5b] [--out DIR]    # CPU
     python -m executor.replay --manifest gpu_inputs/fidelity/manifest.json --out DIR   # GPU
     python -m experiments.fidelity compare results/fidelity/engine \
         [--repeat results/fidelity/engine_repeat] [--report docs/fidelity]
+
+Each model shape has a ``Preset`` (``PRESETS``: scheduler, SLO preset, cases; its manifest goes
+to ``gpu_inputs/fidelity`` for the 0.5B, ``gpu_inputs/fidelity_<shape>`` otherwise); ``compare``
+reads the shape from the engine runs.
 
 ``export`` builds the requests of every case (ShareGPT first-turn and multi-turn workloads at
 several loads, one seed; ``experiments.fidelity_manifest``) and the manifest. The GPU call
