@@ -566,7 +566,7 @@ def _write_page(
         "",
         "The same simulations with `NoisyStepCost`: each step's modelled time times the "
         "calibration steps' measured/modelled ratios, resampled in blocks of 2,000 consecutive "
-        "decode steps (~3 s: the engine's slow stretches as well as its jitter; "
+        "decode steps (several seconds: the engine's slow stretches as well as its jitter; "
         f"`cost_model_options.noise_seed`), seeds 0-{len(NOISE_SEEDS) - 1}. The engine's "
         f"goodput lies within the simulator's range over seeds (±0.5 point) in "
         f"{result['engine_goodput_in_sim_band']} runs"
