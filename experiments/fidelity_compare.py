@@ -486,8 +486,10 @@ def _write_page(
     repeat_dir: str | None,
     noisy: list[list[dict]],
 ) -> None:
-    from experiments.fidelity import preset
+    from experiments.fidelity import PRESETS
 
+    # where export writes this shape's manifest (a shape without a preset: the one compare read)
+    inputs = PRESETS[m.model].out if m.model in PRESETS else "EXPORT_DIR"
     targets = {k: LATENCY_TARGET for k in result if k.endswith("_err")}
     pipelined = engine_pipelined(meta.get("engine") or {})
     lines = [
@@ -502,8 +504,7 @@ def _write_page(
         "",
         "```bash",
         f"python -m experiments.fidelity export --model {m.model}    # requests + manifest",
-        f"python -m executor.replay --manifest {preset(m.model).out}/manifest.json --out DIR"
-        "  # GPU",
+        f"python -m executor.replay --manifest {inputs}/manifest.json --out DIR  # GPU",
         f"python -m experiments.fidelity compare {edir}"
         + (f" --repeat {repeat_dir}" if repeat_dir else "")
         + (
