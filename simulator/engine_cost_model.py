@@ -189,15 +189,14 @@ def _choose_knee(rows: np.ndarray, buckets: Buckets) -> int | None:
     if sel.sum() < 20:
         return None  # fit() raises for this
     y = rows[sel, -1]
+    base = features(rows[sel], buckets)[2][:, :-1]  # without the knee column
+    padded = base[:, 1]  # bucket(tokens)
 
-    def err(knee: int | None) -> float:
-        x = features(rows[sel], buckets, knee)[2]
-        if knee is None:
-            x = x[:, :-1]
+    def err(x: np.ndarray) -> float:
         return float(np.mean(np.abs(x @ _fit_mape(x, y, nonneg=True) - y) / y))
 
-    none = err(None)
-    best, at = min((err(k), k) for k in buckets.mixed[:-1])
+    none = err(base)
+    best, at = min((err(np.c_[base, np.maximum(padded - k, 0.0)]), k) for k in buckets.mixed[:-1])
     return at if best < (1 - KNEE_MIN_GAIN) * none - 1e-6 else None  # (exact fits: no knee)
 
 
