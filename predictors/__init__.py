@@ -7,6 +7,8 @@
     make_predictor("noisy_oracle", sigma=0.5, margin=1.2)   true length x log-normal noise
     make_predictor("learned", seed=0)                       prompt features -> quantiles
     make_predictor("learned", artifact="path.joblib")       ... loaded from a saved artifact
+    make_predictor("prepared", path="run.predictions")      a learned predictor's predictions
+                                                            for one run's requests, replayed
 
 Predictors that learn (``mean``, ``prompt_length``, ``learned``) need an explicit
 ``fit(requests)``; see ``predictors.dataset.split_requests`` for a train/test split.
@@ -19,6 +21,7 @@ from predictors.base import LEVELS, BasePredictor
 from predictors.baseline import PromptLengthBaseline
 from predictors.constant import MeanPredictor
 from predictors.oracle import NoisyOraclePredictor, OraclePredictor
+from predictors.prepared import PreparedPredictor
 
 PREDICTORS: Registry[BasePredictor] = Registry("predictor")
 
@@ -43,6 +46,7 @@ PREDICTORS.register("prompt_length", PromptLengthBaseline)
 PREDICTORS.register("oracle", OraclePredictor)
 PREDICTORS.register("noisy_oracle", NoisyOraclePredictor)
 PREDICTORS.register("learned", _learned)
+PREDICTORS.register("prepared", PreparedPredictor)
 
 
 def make_predictor(name: str, **options: object) -> BasePredictor:
@@ -62,6 +66,7 @@ __all__ = [
     "MeanPredictor",
     "NoisyOraclePredictor",
     "OraclePredictor",
+    "PreparedPredictor",
     "PromptLengthBaseline",
     "make_predictor",
     "predictor_names",

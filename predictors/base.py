@@ -15,7 +15,8 @@ Distributions put ``hi = request.max_output_tokens`` (a request never generates 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from pathlib import Path
 
 from horizon.prediction import LengthDistribution
 from horizon.request import Request
@@ -83,3 +84,25 @@ def point_mass(value: float, levels: Sequence[float] = LEVELS) -> LengthDistribu
     if levels is LEVELS:  # valid by construction: skip re-validation (the oracle's hot path)
         return LengthDistribution._trusted(LEVELS, (v,) * len(LEVELS), v, v)
     return LengthDistribution(tuple(levels), tuple(v for _ in levels), v, v)
+
+
+def load_versioned(
+    path: Path, read: Callable[[Path], dict], fmt: str, version: int, who: str, what: str
+) -> dict:
+    """The payload ``read(path)`` of a file whose ``payload["header"]`` names ``format`` and
+    ``version``. Raises FileNotFoundError (no file), ValueError (unreadable, another format or
+    version), each message starting with ``who`` and naming the file as ``what``."""
+    if not path.exists():
+        raise FileNotFoundError(f"{who}: no {what} at {path}")
+    try:
+        payload = read(path)
+        header = payload["header"]
+        ok = header.get("format") == fmt
+    except Exception as e:  # any decoding failure means "not ours"
+        raise ValueError(f"{who}: {path} is not a {what} ({e})") from e
+    if not ok or header.get("version") != version:
+        raise ValueError(
+            f"{who}: {path} is format {header.get('format')!r} version "
+            f"{header.get('version')!r}; expected {fmt!r} {version}"
+        )
+    return payload

@@ -35,9 +35,7 @@ label, never to predict.
 
 from __future__ import annotations
 
-import bisect
 import json
-import math
 import os
 import time
 import warnings
@@ -54,7 +52,7 @@ from horizon.prediction import LengthDistribution
 from horizon.request import Request
 from horizon.workload.chat_template import ChatTemplate
 from horizon.workload.tokenized import load_tokenizer
-from predictors.base import LEVELS, BasePredictor, check_generated
+from predictors.base import LEVELS, BasePredictor, check_generated, load_versioned
 from predictors.calibration import ResidualQuantiles, progress_points
 from predictors.dataset import fingerprint, split_by_conversation
 from predictors.features import Extracted, extract
@@ -66,6 +64,7 @@ from predictors.length_model import (
     ReplyFeatures,
     remaining_grid,
 )
+from predictors.prepared import Entry, check_entry, remaining_from_entry, save_entries
 from predictors.progress import TEXT_PROGRESS_FEATURES, TokenClasses, progress_rows
 
 ARTIFACT_FORMAT = "horizon-learned-length-predictor"
@@ -73,11 +72,8 @@ ARTIFACT_VERSION = 4  # 2: the remaining-length model and its per-band residual 
 # 3: a second remaining-length model that reads the reply generated so far
 # 4: ... also through stacked models of the reply's tokens (predictors.reply_text), and
 # structure ratios (tokens per item / paragraph)
-# memo entry: (num_prompt_tokens, max_output_tokens, total distribution, grid of g, the
-# remaining model's location and scale of log remaining length at each grid point, the
-# residual quantiles to use, stepwise: read the last grid point <= g instead of interpolating)
-_Entry = tuple[int, int, LengthDistribution, tuple[int, ...], array, array, ResidualQuantiles, bool]
-_DONE = LengthDistribution(LEVELS, tuple(1.0 for _ in LEVELS), 1.0, 1.0)
+# memo entry: predictors.prepared.Entry (what save_prepared writes)
+_Entry = Entry
 
 
 class LearnedPredictor(BasePredictor):
@@ -233,19 +229,11 @@ class LearnedPredictor(BasePredictor):
         Warns (UserWarning) when the artifact was written by another scikit-learn version.
         """
         path = Path(path)
-        if not path.exists():
-            raise FileNotFoundError(f"learned: no artifact at {path}")
-        try:
-            payload = joblib.load(path)
-            header = payload["header"]
-            ok = header.get("format") == ARTIFACT_FORMAT
-        except Exception as e:  # any unpickling failure means "not ours"
-            raise ValueError(f"learned: {path} is not a learned-predictor artifact ({e})") from e
-        if not ok or header.get("version") != ARTIFACT_VERSION:
-            raise ValueError(
-                f"learned: {path} is format {header.get('format')!r} version "
-                f"{header.get('version')!r}; expected {ARTIFACT_FORMAT!r} {ARTIFACT_VERSION}"
-            )
+        payload = load_versioned(
+            path, joblib.load, ARTIFACT_FORMAT, ARTIFACT_VERSION, "learned",
+            "learned-predictor artifact",
+        )  # fmt: skip
+        header = payload["header"]
         if header.get("sklearn_version") != sklearn.__version__:
             warnings.warn(
                 f"learned: {path} was fitted with scikit-learn {header.get('sklearn_version')}, "
@@ -295,42 +283,28 @@ class LearnedPredictor(BasePredictor):
         that band of ``g`` (module ``calibration``); capped at ``max_output_tokens - g``.
         ``tokens_so_far = 0`` gives ``predict``."""
         check_generated(request, tokens_so_far)
-        _, hi, total, grid, loc, scl, rz, stepwise = self._entry(request)
-        g = tokens_so_far
-        if g == 0:
-            return total
-        if g >= hi:  # at or past max_output_tokens: one more token is all that is left
-            return _DONE
-        k = bisect.bisect_right(grid, g) - 1  # grid[0] == 1 <= g
-        if stepwise or k >= len(grid) - 1:  # stepwise: the point saw the reply up to grid[k]
-            m, s = loc[k], scl[k]
-        else:
-            w = (g - grid[k]) / (grid[k + 1] - grid[k])
-            m = loc[k] + w * (loc[k + 1] - loc[k])
-            s = scl[k] + w * (scl[k + 1] - scl[k])
-        cap = float(hi - g)
-        top = 1.0
-        vals = []
-        for z in rz.row(g):
-            v = math.exp(m + s * z)
-            if v > cap:
-                v = cap
-            if v > top:
-                top = v
-            vals.append(top)
-        return LengthDistribution(LEVELS, tuple(vals), 1.0, cap)
+        return remaining_from_entry(self._entry(request), tokens_so_far)
+
+    def save_prepared(self, requests: Sequence[Request], path: str | os.PathLike[str]) -> str:
+        """Write what ``prepare(requests)`` computes to ``path``, for ``PreparedPredictor``
+        (``predictors.prepared``) to replay where this model cannot run. Returns the path."""
+        entries = self._entries(requests)
+        header = {
+            "predictor": self.name,
+            "artifact": self.artifact_path,
+            "train_fingerprint": (self.header or {}).get("train_fingerprint"),
+            "requests_fingerprint": fingerprint(requests),
+        }
+        return save_entries(
+            {r.request_id: e for r, e in zip(requests, entries, strict=True)}, header, path
+        )
 
     # -- internals --------------------------------------------------------------------------
     def _entry(self, request: Request) -> _Entry:
         e = self._memo.get(request.request_id)
         if e is None:
             return self._entries([request])[0]
-        if e[0] != request.num_prompt_tokens or e[1] != request.max_output_tokens:
-            raise ValueError(
-                f"learned: request {request.request_id} differs from the one prepared under "
-                f"that id; call prepare() with this run's requests"
-            )
-        return e
+        return check_entry(e, request, "learned (call prepare() with this run's requests)")
 
     def _entries(self, requests: Sequence[Request]) -> list[_Entry]:
         """Memo entries (see ``_Entry``): one design, the totals and the remaining tables."""

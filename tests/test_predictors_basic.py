@@ -49,7 +49,9 @@ def split(sharegpt_head):
 
 # -- registry and configs -------------------------------------------------------------------------
 def test_registry_names_and_errors():
-    assert predictor_names() == ["learned", "mean", "noisy_oracle", "oracle", "prompt_length"]
+    assert predictor_names() == [
+        "learned", "mean", "noisy_oracle", "oracle", "prepared", "prompt_length"
+    ]  # fmt: skip
     with pytest.raises(ValueError, match="known: learned, mean, noisy_oracle, oracle"):
         make_predictor("nope")
     with pytest.raises(ValueError, match="bad options"):
