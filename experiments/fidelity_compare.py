@@ -57,7 +57,7 @@ def engine_pipelined(engine: dict) -> bool:
     return engine.get("stop", "trace") == "trace" if flag is None else bool(flag)
 
 
-def _load_runs(engine_dir: Path, cases: tuple[Case, ...]) -> dict[tuple[str, str], RunRecords]:
+def load_runs(engine_dir: Path, cases: tuple[Case, ...]) -> dict[tuple[str, str], RunRecords]:
     runs = {}
     for c in cases:
         for p in c.policies:
@@ -76,7 +76,7 @@ def _engine_model(engine_dir: Path) -> str:
     return json.loads(metas[0].read_text())["model"]
 
 
-def _meta(engine_dir: Path, case: Case) -> dict:
+def case_meta(engine_dir: Path, case: Case) -> dict:
     return json.loads((engine_dir / case.name / case.policies[0] / "meta.json").read_text())
 
 
@@ -123,7 +123,7 @@ def _candidates(manifest: Manifest, cal_rows: np.ndarray, buckets) -> dict:  # n
     return out
 
 
-def _check_same_requests(rec: RunRecords, requests, case: str) -> None:  # noqa: ANN001
+def check_same_requests(rec: RunRecords, requests, case: str) -> None:  # noqa: ANN001
     arrivals = np.array(sorted(r.arrival_time for r in requests))
     if rec.num_requests != len(requests) or not np.array_equal(np.sort(rec.arrival_time), arrivals):
         raise ValueError(
@@ -256,8 +256,8 @@ def compare(
         export(str(mpath.parent), model)
     m = Manifest.load(mpath)
     cal, fid = m.of_role("calibration"), m.of_role("fidelity")
-    runs = _load_runs(edir, cal + fid)
-    meta = _meta(edir, fid[0])
+    runs = load_runs(edir, cal + fid)
+    meta = case_meta(edir, fid[0])
     sc = m.scheduler_config()
     buckets = Buckets(sc.max_num_seqs, sc.max_num_batched_tokens)
 
@@ -294,7 +294,7 @@ def compare(
     slo = SLO(m.ttft_slo, m.itl_slo)
 
     for c, p in keys:
-        _check_same_requests(runs[(c.name, p)], load_requests(mpath.parent / c.requests), c.name)
+        check_same_requests(runs[(c.name, p)], load_requests(mpath.parent / c.requests), c.name)
     engine = {(c.name, p): summarize(runs[(c.name, p)], slo=slo) for c, p in keys}
 
     pipelined = engine_pipelined(meta.get("engine") or {})

@@ -17,17 +17,18 @@ from pathlib import Path
 
 FORMAT = "horizon-fidelity-manifest"
 VERSION = 1
-ROLES = ("calibration", "fidelity", "golden")
+ROLES = ("calibration", "fidelity", "golden", "headline")
 
 
 @dataclass(frozen=True)
 class PolicySpec:
     """A policy as the registry builds it: ``make_policy(name, **options)``, plus a predictor
-    by registry name (it gets ``ttft_slo`` from the manifest's SLO)."""
+    by registry name and options (the policy gets ``ttft_slo`` from the manifest's SLO)."""
 
     name: str
     options: dict = field(default_factory=dict)
     predictor: str | None = None
+    predictor_options: dict = field(default_factory=dict)
 
     def build(self, ttft_slo: float):  # noqa: ANN201 - a horizon Policy
         from horizon.policies import make_policy
@@ -36,7 +37,7 @@ class PolicySpec:
         if self.predictor is not None:
             from predictors import make_predictor
 
-            options["predictor"] = make_predictor(self.predictor)
+            options["predictor"] = make_predictor(self.predictor, **self.predictor_options)
             options.setdefault("ttft_slo", ttft_slo)
         return make_policy(self.name, **options)
 

@@ -1,0 +1,351 @@
+"""The headline on the engine: ``experiments.policy_gain``'s policies at its load, run online on
+the GPU engine and on the simulator from the same requests, side by side.
+
+    python -m experiments.headline_engine export [--rate R] [--seeds 0 1 2] [--out DIR]   # CPU
+    python -m executor.replay --manifest gpu_inputs/headline_qwen2.5-7b/seed0/manifest.json \
+        --out ENG/seed0        # GPU, one call per seed (~5 min); copy seed0/'s manifest and
+                               # predictions beside its records
+    python -m experiments.headline_engine compare [ENG] [--out results/headline_engine]   # CPU
+
+``export`` builds the headline's setting (``policy_gain.SETTING``: the 7B shape, 3,000 blocks,
+held-out ShareGPT first turns, SLO ``h200_7b``) at ``--rate`` (default: the ``load`` of
+``results/policy_gain/policy_gain.json``), and per seed writes the requests, a manifest
+(scheduler, SLO and each policy's options as the simulator's configs resolve them; the engine's
+calibrated ``max_model_len``) and the learned predictor's predictions for those requests
+(``predictors.prepared``: the engine machine need not have the tokenizer or this scikit-learn,
+and both sides replay the same predictions).
+
+``compare`` (default ``ENG``: ``results/headline_engine/engine``, the committed runs) rebuilds
+each seed's requests, checks them against the engine's, and simulates every policy with the
+cost model fitted to the engine's online steps (``calibration/h200_<shape>_online.csv.gz``),
+the engine's loop (a step planned while the previous one runs, arrivals queued between steps)
+and the run's time limit. It reports each metric on both sides, per seed and as means, and the
+policy gains (horizon + learned over fcfs, sjf_prompt and horizon + oracle) as each side
+measures them; its LAST line is one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+from pathlib import Path
+
+import numpy as np
+
+from experiments.fidelity_manifest import Case, Manifest, PolicySpec
+
+REPO = Path(__file__).resolve().parents[1]
+OUT = "gpu_inputs/headline_qwen2.5-7b"  # export: one seed<s>/ folder per seed
+ENGINE = "results/headline_engine/engine"  # compare: the engine's runs, one seed<s>/ per seed
+SIDES = ("engine", "sim")
+# (name in the manifest, the policy_gain row it is, the predictor the engine gets)
+POLICIES = (
+    ("fcfs", "fcfs", None),
+    ("sjf_prompt", "sjf_prompt", None),
+    ("horizon_learned", "horizon_learned", "prepared"),
+    ("horizon_oracle", "horizon_oracle", "oracle"),
+)
+DRAIN_S = 30.0  # both sides stop this long after the last arrival
+# the engine's max_model_len in its calibration runs (experiments.fidelity): the decode kernel's
+# split count follows it, so the engine runs the headline with it too (every request fits)
+MAX_MODEL_LEN = 4096
+METRICS = (
+    "goodput_lifetime",
+    "throughput_tok_s",
+    "ttft_mean",
+    "ttft_p99",
+    "itl_mean",
+    "itl_p99",
+    "e2e_mean",
+    "recompute_waste",
+    "preemptions",
+    "queue_wait_max",
+    "finished",
+)
+
+
+def _headline_load() -> float:
+    path = REPO / "results" / "policy_gain" / "policy_gain.json"
+    if not path.exists():
+        raise ValueError(f"{path} is missing: give --rate, or run experiments.policy_gain")
+    return float(json.loads(path.read_text())["load"])
+
+
+def _setting(rate: float, seed: int) -> dict:
+    """The run config of each policy_gain row of POLICIES at ``rate``, ``seed``."""
+    from hydra import initialize_config_dir
+
+    from experiments.config_store import register_configs
+    from experiments.policy_gain import FULL, Runner
+    from experiments.policy_gain import POLICIES as GAIN_POLICIES
+
+    register_configs()
+    with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
+        runner = Runner(FULL, [], GAIN_POLICIES)
+        return {row: runner.config(row, rate, seed) for _, row, _ in POLICIES}
+
+
+def _requests(rate: float, seed: int, sources=None) -> list:  # noqa: ANN001
+    """The headline's requests at ``rate`` for ``seed`` (seeded: the same on every machine)."""
+    from experiments.workloads import DataSources, make_workload
+
+    cfg = _setting(rate, seed)["fcfs"]
+    requests = make_workload(cfg, sources or DataSources(cfg.data)).new_requests()
+    too_long = [r for r in requests if r.num_prompt_tokens + r.max_output_tokens > MAX_MODEL_LEN]
+    if too_long:
+        raise ValueError(f"{len(too_long)} requests exceed the engine's {MAX_MODEL_LEN} tokens")
+    return requests
+
+
+def export(rate: float | None = None, seeds: tuple[int, ...] = (0,), out: str = OUT) -> None:
+    """Per seed, write the requests, the learned predictor's predictions and the manifest under
+    ``out/seed<s>/``."""
+    from experiments.workloads import DataSources
+    from horizon.workload.requests_file import save_requests
+
+    rate = _headline_load() if rate is None else float(rate)
+    sources = None
+    for seed in seeds:
+        cfgs = _setting(rate, seed)
+        cfg = cfgs["fcfs"]
+        sources = sources or DataSources(cfg.data)
+        requests = _requests(rate, seed, sources)
+        outdir = Path(out) / f"seed{seed}"
+        outdir.mkdir(parents=True, exist_ok=True)
+        save_requests(requests, outdir / "headline.json")
+        specs = {}
+        for name, row, predictor in POLICIES:
+            c = cfgs[row]
+            pred_options = {}
+            if predictor == "prepared":
+                learned = sources.predictor(c.policy.predictor_config, c.workload)
+                path = outdir / f"{name}.predictions"
+                learned.save_prepared(requests, path)
+                pred_options = {"path": _repo_relative(path)}
+            specs[name] = PolicySpec(c.policy.name, dict(c.policy.options), predictor, pred_options)
+        sc = cfg.scheduler.scheduler_config(cfg.model.num_blocks, cfg.backend.step_mode)
+        sc = dataclasses.replace(sc, max_model_len=min(sc.max_model_len, MAX_MODEL_LEN))
+        last = max(r.arrival_time for r in requests)
+        case = Case("headline", "headline", cfg.workload.name, rate, seed, "headline.json",
+                    tuple(specs), last + DRAIN_S)  # fmt: skip
+        Manifest(
+            model=cfg.model.shape,
+            scheduler=dataclasses.asdict(sc),
+            ttft_slo=cfg.slo.ttft,
+            itl_slo=cfg.slo.itl,
+            policies=specs,
+            cases=(case,),
+            notes={
+                "slo_preset": cfg.slo.name,
+                "drain_s": DRAIN_S,
+                "setting": "experiments.policy_gain.SETTING",
+                "num_requests": len(requests),
+            },
+        ).save(outdir / "manifest.json")
+        print(f"seed {seed}: {len(requests)} requests at {rate:g} req/s over {last:.1f} s "
+              f"-> {outdir}")  # fmt: skip
+
+
+def _repo_relative(p: Path) -> str:
+    p = p.resolve()
+    return str(p.relative_to(REPO)) if p.is_relative_to(REPO) else str(p)
+
+
+def compare(engine_root: str = ENGINE, out: str | None = None) -> dict:
+    """Simulate each seed's policies and set them beside the engine's runs (module docstring).
+
+    ``engine_root`` holds one folder per seed (``seed<s>/``: the manifest the engine ran, the
+    predictions it replayed, and ``headline/<policy>/`` records); the requests are rebuilt
+    (seeded) and checked against the engine's.
+    """
+    from experiments.fidelity_compare import (
+        case_meta,
+        check_same_requests,
+        engine_pipelined,
+        load_runs,
+    )
+    from horizon.metrics import summarize
+    from horizon.request import SLO
+    from simulator.engine_cost_model import EngineCostModel
+    from simulator.simulation import Simulation
+
+    seed_dirs = sorted(Path(engine_root).glob("seed*"), key=lambda d: int(d.name[4:]))
+    if not seed_dirs:
+        raise FileNotFoundError(f"{engine_root}: no seed<s>/ folders of engine runs")
+    per_seed, meta, m = {}, {}, None
+    for sdir in seed_dirs:
+        m = Manifest.load(sdir / "manifest.json")
+        (case,) = m.of_role("headline")
+        runs = load_runs(sdir, (case,))
+        meta = case_meta(sdir, case)
+        slo = SLO(m.ttft_slo, m.itl_slo)
+        cost = EngineCostModel.from_file(REPO / _calibration(m.model))
+        pipelined = engine_pipelined(meta.get("engine") or {})
+        rows = {}
+        for p in case.policies:
+            requests = _requests(case.rate, case.seed)
+            check_same_requests(runs[(case.name, p)], requests, f"{sdir.name}/{case.name}")
+            spec = m.policies[p]
+            if spec.predictor == "prepared":  # the predictions the engine replayed
+                spec = dataclasses.replace(
+                    spec, predictor_options={"path": str(sdir / f"{p}.predictions")}
+                )
+            sim = Simulation(
+                requests,
+                m.scheduler_config(),
+                spec.build(m.ttft_slo),
+                cost,
+                max_time=case.max_time,
+                arrivals_at_step_boundaries=True,
+                pipelined=pipelined,
+            ).run()
+            e, s = summarize(runs[(case.name, p)], slo=slo), summarize(sim, slo=slo)
+            rows[p] = {k: {"engine": float(e[k]), "sim": float(s[k])} for k in METRICS}
+            g = rows[p]["goodput_lifetime"]
+            print(f"seed {case.seed} {p}: goodput engine {g['engine']:.3f}, simulator "
+                  f"{g['sim']:.3f}", flush=True)  # fmt: skip
+        per_seed[case.seed] = rows
+    assert m is not None
+    policies = list(next(iter(per_seed.values())))
+    mean = {
+        p: {
+            k: {side: float(np.mean([per_seed[s][p][k][side] for s in per_seed])) for side in SIDES}
+            for k in METRICS
+        }
+        for p in policies
+    }
+    spread = {
+        p: {
+            side: [
+                min(per_seed[s][p]["goodput_lifetime"][side] for s in per_seed),
+                max(per_seed[s][p]["goodput_lifetime"][side] for s in per_seed),
+            ]
+            for side in SIDES
+        }
+        for p in policies
+    }
+
+    def gain(a: str, b: str, metric: str, side: str) -> float | None:
+        den = mean[b][metric][side]
+        return round(mean[a][metric][side] / den, 3) if den else None
+
+    pairs = [("horizon_learned", b) for b in ("fcfs", "sjf_prompt", "horizon_oracle")]
+    result = {
+        "rate": case.rate,
+        "seeds": sorted(per_seed),
+        "num_requests": m.notes.get("num_requests"),
+        "max_time_s": case.max_time,
+        "model": m.model,
+        "gpu": meta.get("gpu"),
+        "date": meta.get("date"),
+        "torch": meta.get("torch"),
+        "triton": meta.get("triton"),
+        "cost_model": _calibration(m.model),
+        "mean": mean,
+        "goodput_spread": spread,
+        "per_seed": per_seed,
+        "gain": {
+            f"{a}_vs_{b}": {side: gain(a, b, "goodput_lifetime", side) for side in SIDES}
+            for a, b in pairs
+        },
+        "throughput_vs_fcfs": {
+            side: gain("horizon_learned", "fcfs", "throughput_tok_s", side) for side in SIDES
+        },
+        "goodput_err_pts": {
+            "mean": round(
+                100
+                * max(
+                    abs(r["goodput_lifetime"]["engine"] - r["goodput_lifetime"]["sim"])
+                    for r in mean.values()
+                ),
+                2,
+            ),
+            "per_seed": round(
+                100
+                * max(
+                    abs(r["goodput_lifetime"]["engine"] - r["goodput_lifetime"]["sim"])
+                    for rows in per_seed.values()
+                    for r in rows.values()
+                ),
+                2,
+            ),
+        },  # fmt: skip
+    }
+    _write(result, Path(out or REPO / "results" / "headline_engine"))
+    print(json.dumps({k: result[k] for k in ("rate", "seeds", "gain", "goodput_err_pts")}))
+    return result
+
+
+def _calibration(model: str) -> str:
+    return f"calibration/h200_{model}_online.csv.gz"
+
+
+def _write(result: dict, where: Path) -> None:
+    where.mkdir(parents=True, exist_ok=True)
+    (where / "headline_engine.json").write_text(json.dumps(result, indent=1) + "\n")
+    heads = [
+        ("throughput_tok_s", "throughput (tok/s)", "{:.0f}"),
+        ("ttft_p99", "p99 TTFT (s)", "{:.2f}"),
+        ("itl_p99", "p99 ITL (ms)", "{:.1f}"),
+        ("recompute_waste", "recompute waste", "{:.3f}"),
+        ("preemptions", "preemptions", "{:.0f}"),
+    ]
+    seeds = result["seeds"]
+    lines = [
+        f"{result['model']} on {result['gpu']} ({result['date']}), {result['num_requests']} "
+        f"requests per run at {result['rate']:g} req/s, seeds {seeds}; engine / simulator, "
+        "means over seeds (goodput with [min, max]).",
+        "",
+        "| policy | lifetime goodput | "
+        + " | ".join(f"goodput, seed {s}" for s in seeds)
+        + " | "
+        + " | ".join(h for _, h, _ in heads)
+        + " |",
+        "|---|" + "---|" * (1 + len(seeds) + len(heads)),
+    ]
+    for p, r in result["mean"].items():
+        g, sp = r["goodput_lifetime"], result["goodput_spread"][p]
+        cells = [
+            f"{g['engine']:.3f} [{sp['engine'][0]:.3f}, {sp['engine'][1]:.3f}] / "
+            f"{g['sim']:.3f} [{sp['sim'][0]:.3f}, {sp['sim'][1]:.3f}]"
+        ]
+        for s in seeds:
+            gs = result["per_seed"][s][p]["goodput_lifetime"]
+            cells.append(f"{gs['engine']:.3f} / {gs['sim']:.3f}")
+        for k, _, fmt in heads:
+            scale = 1e3 if k == "itl_p99" else 1.0
+            cells.append(
+                f"{fmt.format(r[k]['engine'] * scale)} / {fmt.format(r[k]['sim'] * scale)}"
+            )
+        lines.append(f"| {p} | " + " | ".join(cells) + " |")
+    lines.append("")
+    for k, v in result["gain"].items():
+        pair = k.replace("_vs_", " / ")
+        lines.append(f"- goodput {pair} (means): engine {v['engine']}, simulator {v['sim']}")
+    t = result["throughput_vs_fcfs"]
+    lines.append(f"- throughput horizon_learned / fcfs: engine {t['engine']}, simulator {t['sim']}")
+    text = "\n".join(lines) + "\n"
+    (where / "headline_engine.md").write_text(text)
+    print(text)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    e = sub.add_parser("export")
+    e.add_argument("--rate", type=float, default=None, help="default: policy_gain's load")
+    e.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    e.add_argument("--out", default=OUT)
+    c = sub.add_parser("compare")
+    c.add_argument("engine_root", nargs="?", default=ENGINE)
+    c.add_argument("--out", default=None, help="default: results/headline_engine")
+    args = ap.parse_args(argv)
+    if args.cmd == "export":
+        export(args.rate, tuple(args.seeds), args.out)
+    else:
+        compare(args.engine_root, args.out)
+
+
+if __name__ == "__main__":
+    main()

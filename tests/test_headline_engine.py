@@ -1,0 +1,103 @@
+"""experiments/headline_engine.py's comparison: fed "engine" runs that are the simulator's own
+(same requests, policies, prepared predictions and cost model), it must find no difference, and
+it must refuse engine runs of other requests."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+import experiments.headline_engine as he
+from experiments.fidelity_manifest import Case, Manifest, PolicySpec
+from horizon.request import Request
+from horizon.scheduler_config import SchedulerConfig
+from simulator.engine_cost_model import EngineCostModel
+from simulator.simulation import Simulation
+
+MODEL = "qwen2.5-0.5b"  # a shape with a committed online calibration file
+SLO_TTFT, SLO_ITL = 0.25, 0.025
+
+
+def _requests(base: list[Request], rate: float) -> list[Request]:
+    return [
+        Request(
+            i, i / rate, r.num_prompt_tokens, r.max_output_tokens, r.true_output_tokens, None,
+            r.prompt_token_ids, r.conversation_id, r.turn_index,
+            output_token_ids=r.output_token_ids,
+        )
+        for i, r in enumerate(base)
+    ]  # fmt: skip
+
+
+def _root(tmp_path, split, fitted, rate=150.0, seeds=(0, 1)):
+    """One seed<s>/ per seed as the GPU call leaves it, with the simulator as the engine."""
+    base = {s: split.test[40 * s : 40 * s + 40] for s in seeds}
+    sc = SchedulerConfig(num_blocks=600, max_model_len=4096)
+    cost = EngineCostModel.from_file(he.REPO / he._calibration(MODEL))
+    for s in seeds:
+        d = tmp_path / "engine" / f"seed{s}"
+        d.mkdir(parents=True)
+        reqs = _requests(base[s], rate)
+        fitted.save_prepared(reqs, d / "horizon_learned.predictions")
+        policies = {
+            "fcfs": PolicySpec("fcfs"),
+            "sjf_prompt": PolicySpec("sjf_prompt", {"aging_tokens_per_s": 100.0}),
+            # the path the GPU machine read; compare swaps in the copy beside the records
+            "horizon_learned": PolicySpec(
+                "horizon", {"triage": True}, "prepared", {"path": "gpu_inputs/x.predictions"}
+            ),
+            "horizon_oracle": PolicySpec("horizon", {"triage": True}, "oracle"),
+        }
+        case = Case("headline", "headline", "sharegpt_first_turn", rate, s, "headline.json",
+                     tuple(policies), reqs[-1].arrival_time + 30.0)  # fmt: skip
+        m = Manifest(MODEL, dataclasses.asdict(sc), SLO_TTFT, SLO_ITL, policies, (case,),
+                     {"num_requests": len(reqs)})  # fmt: skip
+        m.save(d / "manifest.json")
+        for p, spec in policies.items():
+            if spec.predictor == "prepared":
+                spec = dataclasses.replace(
+                    spec, predictor_options={"path": str(d / "horizon_learned.predictions")}
+                )
+            rec = Simulation(
+                _requests(base[s], rate), sc, spec.build(SLO_TTFT), cost,
+                max_time=case.max_time, arrivals_at_step_boundaries=True, pipelined=True,
+            ).run()  # fmt: skip
+            out = d / "headline" / p
+            out.mkdir(parents=True)
+            rec.save_npz(str(out / "records.npz"))
+            meta = {"gpu": "test", "date": "today", "engine": {"async_steps": None}}
+            (out / "meta.json").write_text(json.dumps(meta))
+    return tmp_path / "engine", base
+
+
+def test_the_simulator_against_itself_agrees_exactly(tmp_path, monkeypatch, split, fitted):
+    root, base = _root(tmp_path, split, fitted)
+    monkeypatch.setattr(he, "_requests", lambda rate, seed: _requests(base[seed], rate))
+    out = he.compare(str(root), str(tmp_path / "report"))
+    assert out["seeds"] == [0, 1] and out["goodput_err_pts"] == {"mean": 0.0, "per_seed": 0.0}
+    for p, metrics in out["mean"].items():
+        for k, v in metrics.items():
+            assert v["engine"] == pytest.approx(v["sim"]), (p, k)
+    for v in out["gain"].values():
+        assert v["engine"] == v["sim"]
+    # the runs are not trivial: the learned predictor's runs differ from the oracle's
+    g = out["per_seed"]
+    assert any(
+        g[s]["horizon_learned"]["preemptions"] != g[s]["horizon_oracle"]["preemptions"]
+        or g[s]["horizon_learned"]["ttft_p99"] != g[s]["horizon_oracle"]["ttft_p99"]
+        for s in g
+    )
+    page = (tmp_path / "report" / "headline_engine.md").read_text()
+    assert "| horizon_learned |" in page and "goodput, seed 1" in page
+
+
+def test_engine_runs_of_other_requests_are_refused(tmp_path, monkeypatch, split, fitted):
+    root, base = _root(tmp_path, split, fitted, seeds=(0,))
+    other = {0: split.test[200:240]}
+    monkeypatch.setattr(he, "_requests", lambda rate, seed: _requests(other[seed], rate * 1.1))
+    with pytest.raises(ValueError, match="not the manifest's"):
+        he.compare(str(root), str(tmp_path / "report"))
+    with pytest.raises(FileNotFoundError, match="no seed"):
+        he.compare(str(tmp_path / "nothing"), str(tmp_path / "report"))
