@@ -2,13 +2,15 @@
 
     python -m experiments.policy_gain [--quick] [--no-triage-row] [--out DIR]
 
-Setting: the Qwen2.5-7B shape on one H200 (the roofline cost model by default;
-``--override backend=sim_engine`` for the one fitted to the engine's online 7B steps), the
+Setting: the Qwen2.5-7B shape on one H200 (the default cost model: the one fitted to the
+engine's online 7B steps; ``--override backend=sim`` for the analytic roofline), the
 KV-bound pool of the main sweep (3,000 blocks), ShareGPT first turns from the half of the
 conversations held out of the learned predictor's training split, Poisson arrivals, SLO preset
 ``h200_7b`` (TTFT 1 s, ITL 50 ms), lifetime goodput. Steps:
 
-1. ``load``: bisect the arrival rate until fcfs's lifetime goodput (mean over seeds) is ~0.5;
+1. ``load``: bisect the arrival rate until fcfs's lifetime goodput (mean over seeds) is ~0.5
+   (past the plan's 0.7 req/s steps, finer ones until it is within 0.03 above 0.5: near
+   saturation fcfs falls off a cliff);
 2. run every policy there, on every seed: goodput, throughput, p99 TTFT, recompute waste, the
    longest queue wait;
 3. ``rate_at_90``: for each policy, bisect the highest rate whose mean goodput is >= 0.9.
@@ -73,9 +75,13 @@ class Plan:
     iterations: int  # bisection steps
     lo: float
     hi: float
+    # ``load`` only: up to this many more steps while fcfs's goodput at the rate found is more
+    # than LOAD_TOLERANCE above 0.5 (near saturation it falls off a cliff within one step)
+    refine: int = 0
 
 
-FULL = Plan(num_requests=4000, seeds=(0, 1, 2), iterations=8, lo=20.0, hi=200.0)
+LOAD_TOLERANCE = 0.03
+FULL = Plan(num_requests=4000, seeds=(0, 1, 2), iterations=8, lo=20.0, hi=200.0, refine=6)
 QUICK = Plan(num_requests=600, seeds=(0,), iterations=5, lo=20.0, hi=200.0)
 
 
@@ -121,15 +127,29 @@ class Runner:
         return out
 
 
-def bisect_rate(goodput_at: Callable[[float], float], target: float, plan: Plan) -> float:
-    """Highest rate in [lo, hi] (to the plan's precision) whose goodput is >= ``target``."""
+def bisect_rate(
+    goodput_at: Callable[[float], float],
+    target: float,
+    plan: Plan,
+    tolerance: float | None = None,
+) -> float:
+    """Highest rate in [lo, hi] (to the plan's precision) whose goodput is >= ``target``.
+
+    With ``tolerance``: after the plan's steps, up to ``plan.refine`` more while the goodput at
+    the rate found exceeds ``target + tolerance`` (rates are kept to 0.01 req/s).
+    """
     lo, hi = plan.lo, plan.hi
     if goodput_at(lo) < target:
         return lo
     if goodput_at(hi) >= target:
         return hi
-    for _ in range(plan.iterations):
+    steps = plan.iterations + (plan.refine if tolerance is not None else 0)
+    for i in range(steps):
+        if i >= plan.iterations and goodput_at(lo) <= target + tolerance:
+            break
         mid = round((lo + hi) / 2, 2)
+        if mid in (lo, hi):
+            break
         if goodput_at(mid) >= target:
             lo = mid
         else:
@@ -168,7 +188,7 @@ def main(argv: list[str] | None = None) -> dict:
         def mean_goodput(policy: str) -> Callable[[float], float]:
             return lambda rate: float(np.mean(at(policy, rate)["goodput_lifetime"]))
 
-        load = bisect_rate(mean_goodput("fcfs"), 0.5, plan)
+        load = bisect_rate(mean_goodput("fcfs"), 0.5, plan, LOAD_TOLERANCE)
         print(f"load where fcfs keeps ~50% lifetime goodput: {load:g} req/s", flush=True)
         table = {p: at(p, load) for p in policies}
         rate90 = {p: bisect_rate(mean_goodput(p), 0.9, plan) for p in policies}
@@ -214,6 +234,7 @@ def _summary(load, table, rate90, plan, runs, wall, cfg: RunConfig, extra: list[
             "num_requests": plan.num_requests,
             "seeds": list(plan.seeds),
             "bisection_iterations": plan.iterations,
+            "load_refine": {"steps": plan.refine, "tolerance": LOAD_TOLERANCE},
         },
         "runs": runs,
         "wall_s": round(wall, 1),

@@ -429,7 +429,10 @@ def write_steps(rows: np.ndarray, path: str | Path, meta: dict) -> None:
 def read_steps(path: str | Path) -> tuple[np.ndarray, dict]:
     p = Path(path)
     if not p.exists():
-        raise ValueError(f"calibration file {path} does not exist")
+        raise ValueError(
+            f"calibration file {path} does not exist: measure this shape's steps on the engine "
+            "(python -m experiments.fidelity), or use the roofline cost model (backend=sim)"
+        )
     raw = gzip.decompress(p.read_bytes()) if p.suffix == ".gz" else p.read_bytes()
     lines = raw.decode().splitlines()
     header = tuple(lines[0].split(","))

@@ -26,6 +26,26 @@ def test_bisection_finds_the_highest_rate_that_holds_the_target():
     assert bisect_rate(lambda _: 1.0, 0.5, PLAN) == PLAN.hi  # everything does
 
 
+def test_the_load_bisection_refines_past_a_cliff_until_near_the_target():
+    """fcfs's goodput falls from 0.62 to 0.2 at 59.43 req/s: the plan's 0.7 req/s steps stop at
+    a rate holding 0.62; the refinement goes on until the goodput is within the tolerance."""
+    plan = Plan(num_requests=10, seeds=(0,), iterations=8, lo=20.0, hi=200.0, refine=6)
+
+    def goodput(rate: float) -> float:
+        if rate > 59.43:
+            return 0.2
+        return 0.5 + 0.12 * min(1.0, (59.43 - rate) / 0.1)  # 0.62 ... 0.5 over the last 0.1
+
+    coarse = bisect_rate(goodput, 0.5, plan)
+    fine = bisect_rate(goodput, 0.5, plan, tolerance=0.03)
+    assert goodput(coarse) > 0.53  # where the coarse steps stop
+    assert 0.5 <= goodput(fine) <= 0.53 and coarse <= fine <= 59.43
+    # a target already met within the tolerance takes no extra step
+    asked = []
+    bisect_rate(lambda r: asked.append(r) or (0.51 if r <= 100 else 0.1), 0.5, plan, 0.03)
+    assert len(set(asked)) == 2 + plan.iterations
+
+
 def _table(policies: list[str]) -> dict:
     metrics = {
         "goodput_lifetime": [0.5, 0.6],
@@ -40,7 +60,7 @@ def _table(policies: list[str]) -> dict:
 
 
 @pytest.mark.parametrize(
-    ("override", "cost_model"), [([], "roofline"), (["backend=sim_engine"], "engine_fitted")]
+    ("override", "cost_model"), [([], "engine_fitted"), (["backend=sim"], "roofline")]
 )
 def test_the_summary_records_the_setting_the_runs_resolved(override, cost_model):
     register_configs()
