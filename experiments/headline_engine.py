@@ -152,12 +152,13 @@ def _repo_relative(p: Path) -> str:
     return str(p.relative_to(REPO)) if p.is_relative_to(REPO) else str(p)
 
 
-def compare(engine_root: str = ENGINE, out: str | None = None) -> dict:
+def compare(engine_root: str = ENGINE, out: str | None = None, cost_scale: float = 1.0) -> dict:
     """Simulate each seed's policies and set them beside the engine's runs (module docstring).
 
     ``engine_root`` holds one folder per seed (``seed<s>/``: the manifest the engine ran, the
     predictions it replayed, and ``headline/<policy>/`` records); the requests are rebuilt
-    (seeded) and checked against the engine's.
+    (seeded) and checked against the engine's. ``cost_scale`` multiplies every modelled step
+    time (``EngineCostModel.scaled``): how far the simulated figures move for a given bias.
     """
     from experiments.fidelity_compare import (
         case_meta,
@@ -181,6 +182,7 @@ def compare(engine_root: str = ENGINE, out: str | None = None) -> dict:
         meta = case_meta(sdir, case)
         slo = SLO(m.ttft_slo, m.itl_slo)
         cost = EngineCostModel.from_file(REPO / _calibration(m.model))
+        cost = cost if cost_scale == 1.0 else cost.scaled(cost_scale)
         pipelined = engine_pipelined(meta.get("engine") or {})
         rows = {}
         for p in case.policies:
@@ -242,6 +244,7 @@ def compare(engine_root: str = ENGINE, out: str | None = None) -> dict:
         "torch": meta.get("torch"),
         "triton": meta.get("triton"),
         "cost_model": _calibration(m.model),
+        "cost_scale": cost_scale,
         "mean": mean,
         "goodput_spread": spread,
         "per_seed": per_seed,
@@ -340,11 +343,14 @@ def main(argv: list[str] | None = None) -> None:
     c = sub.add_parser("compare")
     c.add_argument("engine_root", nargs="?", default=ENGINE)
     c.add_argument("--out", default=None, help="default: results/headline_engine")
+    c.add_argument(
+        "--cost-scale", type=float, default=1.0, help="multiply every modelled step time"
+    )
     args = ap.parse_args(argv)
     if args.cmd == "export":
         export(args.rate, tuple(args.seeds), args.out)
     else:
-        compare(args.engine_root, args.out)
+        compare(args.engine_root, args.out, args.cost_scale)
 
 
 if __name__ == "__main__":

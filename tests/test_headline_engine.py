@@ -91,6 +91,12 @@ def test_the_simulator_against_itself_agrees_exactly(tmp_path, monkeypatch, spli
     )
     page = (tmp_path / "report" / "headline_engine.md").read_text()
     assert "| horizon_learned |" in page and "goodput, seed 1" in page
+    # a modelled machine twice as fast: the simulated side moves, the engine's does not
+    fast = he.compare(str(root), str(tmp_path / "fast"), cost_scale=0.5)
+    assert fast["cost_scale"] == 0.5
+    for p in out["mean"]:
+        assert fast["mean"][p]["e2e_mean"]["engine"] == out["mean"][p]["e2e_mean"]["engine"]
+        assert fast["mean"][p]["e2e_mean"]["sim"] < 0.8 * out["mean"][p]["e2e_mean"]["sim"]
 
 
 def test_engine_runs_of_other_requests_are_refused(tmp_path, monkeypatch, split, fitted):
