@@ -2,10 +2,11 @@
 
 The interface is one call, ``step_time(plan)``, reading only the plan's aggregate shape (prefill
 tokens, decode count, context tokens read, attention pairs), so it is O(1) per step. The
-analytic default is a roofline: a step moves the weights once plus the KV it reads and writes,
+analytic model is a roofline: a step moves the weights once plus the KV it reads and writes,
 and does 2 FLOPs per parameter per token plus attention; its time is the larger of the two over
-the GPU's measured bandwidth and peak, plus a fixed per-step overhead (launches, CPU work).
-A model fitted to the engine's measured steps replaces it later (same interface).
+the GPU's measured bandwidth and peak, plus a fixed per-step overhead (launches, CPU work). It
+needs no measurement, so it serves any shape; the configs' default is the model fitted to the
+engine's own steps (``simulator.engine_cost_model``, same interface) where they were measured.
 """
 
 from __future__ import annotations
