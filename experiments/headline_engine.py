@@ -27,6 +27,7 @@ measures them; its LAST line is one JSON object.
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import json
 from pathlib import Path
@@ -176,8 +177,11 @@ def compare(engine_root: str = ENGINE, out: str | None = None, cost_scale: float
         raise FileNotFoundError(f"{engine_root}: no seed<s>/ folders of engine runs")
     per_seed, meta, m = {}, {}, None
     for sdir in seed_dirs:
-        m = Manifest.load(sdir / "manifest.json")
+        first, m = m, Manifest.load(sdir / "manifest.json")
         (case,) = m.of_role("headline")
+        if first is not None and _setting_of(first) != _setting_of(m):
+            raise ValueError(f"{sdir}: another setting than {seed_dirs[0]} (model, load, "
+                             "scheduler, SLO and policies must match across seeds)")  # fmt: skip
         runs = load_runs(sdir, (case,))
         meta = case_meta(sdir, case)
         slo = SLO(m.ttft_slo, m.itl_slo)
@@ -185,8 +189,9 @@ def compare(engine_root: str = ENGINE, out: str | None = None, cost_scale: float
         cost = cost if cost_scale == 1.0 else cost.scaled(cost_scale)
         pipelined = engine_pipelined(meta.get("engine") or {})
         rows = {}
+        built = _requests(case.rate, case.seed)
         for p in case.policies:
-            requests = _requests(case.rate, case.seed)
+            requests = copy.deepcopy(built)  # a run mutates its requests
             check_same_requests(runs[(case.name, p)], requests, f"{sdir.name}/{case.name}")
             spec = m.policies[p]
             if spec.predictor == "prepared":  # the predictions the engine replayed
@@ -278,6 +283,12 @@ def compare(engine_root: str = ENGINE, out: str | None = None, cost_scale: float
     _write(result, Path(out or REPO / "results" / "headline_engine"))
     print(json.dumps({k: result[k] for k in ("rate", "seeds", "gain", "goodput_err_pts")}))
     return result
+
+
+def _setting_of(m: Manifest) -> tuple:
+    (case,) = m.of_role("headline")
+    return (m.model, case.rate, json.dumps(m.scheduler, sort_keys=True), m.ttft_slo, m.itl_slo,
+            sorted(m.policies), case.policies)  # fmt: skip
 
 
 def _calibration(model: str) -> str:

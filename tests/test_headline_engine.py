@@ -107,3 +107,15 @@ def test_engine_runs_of_other_requests_are_refused(tmp_path, monkeypatch, split,
         he.compare(str(root), str(tmp_path / "report"))
     with pytest.raises(FileNotFoundError, match="no seed"):
         he.compare(str(tmp_path / "nothing"), str(tmp_path / "report"))
+
+
+def test_seeds_of_another_setting_are_refused(tmp_path, monkeypatch, split, fitted):
+    root, base = _root(tmp_path, split, fitted)
+    monkeypatch.setattr(he, "_requests", lambda rate, seed: _requests(base[seed], rate))
+    m = Manifest.load(root / "seed1" / "manifest.json")
+    (case,) = m.cases
+    dataclasses.replace(m, cases=(dataclasses.replace(case, rate=case.rate * 2),)).save(
+        root / "seed1" / "manifest.json"
+    )
+    with pytest.raises(ValueError, match="another setting"):
+        he.compare(str(root), str(tmp_path / "report"))
