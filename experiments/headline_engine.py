@@ -169,7 +169,7 @@ def compare(engine_root: str = ENGINE, out: str | None = None, cost_scale: float
     )
     from horizon.metrics import summarize
     from horizon.request import SLO
-    from simulator.engine_cost_model import EngineCostModel
+    from simulator.engine_cost_model import EngineCostModel, mape, rows_of
     from simulator.simulation import Simulation
 
     seed_dirs = sorted(Path(engine_root).glob("seed*"), key=lambda d: int(d.name[4:]))
@@ -209,6 +209,7 @@ def compare(engine_root: str = ENGINE, out: str | None = None, cost_scale: float
             ).run()
             e, s = summarize(runs[(case.name, p)], slo=slo), summarize(sim, slo=slo)
             rows[p] = {k: {"engine": float(e[k]), "sim": float(s[k])} for k in METRICS}
+            rows[p]["steps"] = _step_error(cost, rows_of([runs[(case.name, p)]]), mape)
             g = rows[p]["goodput_lifetime"]
             print(f"seed {case.seed} {p}: goodput engine {g['engine']:.3f}, simulator "
                   f"{g['sim']:.3f}", flush=True)  # fmt: skip
@@ -285,6 +286,25 @@ def compare(engine_root: str = ENGINE, out: str | None = None, cost_scale: float
     return result
 
 
+def _step_error(cost, steps: np.ndarray, mape) -> dict:  # noqa: ANN001
+    """The cost model against the engine run's own steps: MAPE in % (all, decode-only, mixed)
+    and the bias in % (modelled time over measured time, minus 1) of all steps and of the
+    decode-only ones."""
+    steps = steps[(steps[:, 0] + steps[:, 1]) > 0]  # as ``mape`` counts them
+    modelled, measured = cost.predict_rows(steps), steps[:, -1]
+    decode = steps[:, 0] == 0  # no prefill tokens
+
+    def bias(sel: np.ndarray) -> float:
+        return round(100 * float(modelled[sel].sum() / measured[sel].sum() - 1), 2)
+
+    return {
+        "count": int(len(steps)),
+        "mape_pct": {k: round(v, 2) for k, v in mape(cost, steps).items()},
+        "bias_pct": bias(np.ones(len(steps), dtype=bool)),
+        "decode_bias_pct": bias(decode) if decode.any() else None,
+    }
+
+
 def _setting_of(m: Manifest) -> tuple:
     (case,) = m.of_role("headline")
     return (m.model, case.rate, json.dumps(m.scheduler, sort_keys=True), m.ttft_slo, m.itl_slo,
@@ -339,6 +359,22 @@ def _write(result: dict, where: Path) -> None:
         lines.append(f"- goodput {pair} (means): engine {v['engine']}, simulator {v['sim']}")
     t = result["throughput_vs_fcfs"]
     lines.append(f"- throughput horizon_learned / fcfs: engine {t['engine']}, simulator {t['sim']}")
+    lines += [
+        "",
+        "The cost model on each engine run's own steps (%; bias: modelled over measured time, "
+        "minus 1):",
+        "",
+        "| seed | policy | steps | bias | decode-only bias | MAPE | MAPE, mixed steps |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for seed in seeds:
+        for p, r in result["per_seed"][seed].items():
+            st = r["steps"]
+            lines.append(
+                f"| {seed} | {p} | {st['count']} | {st['bias_pct']:+.2f} | "
+                f"{st['decode_bias_pct']:+.2f} | {st['mape_pct']['all']:.2f} | "
+                f"{st['mape_pct']['mixed']:.2f} |"
+            )
     text = "\n".join(lines) + "\n"
     (where / "headline_engine.md").write_text(text)
     print(text)

@@ -89,11 +89,18 @@ def test_the_simulator_against_itself_agrees_exactly(tmp_path, monkeypatch, spli
         or g[s]["horizon_learned"]["ttft_p99"] != g[s]["horizon_oracle"]["ttft_p99"]
         for s in g
     )
+    # the "engine" steps are the cost model's own: no bias, no error
+    for rows in out["per_seed"].values():
+        for r in rows.values():
+            assert r["steps"]["count"] > 0
+            assert r["steps"]["bias_pct"] == pytest.approx(0, abs=0.01)
+            assert r["steps"]["mape_pct"]["all"] == pytest.approx(0, abs=0.01)
     page = (tmp_path / "report" / "headline_engine.md").read_text()
     assert "| horizon_learned |" in page and "goodput, seed 1" in page
     # a modelled machine twice as fast: the simulated side moves, the engine's does not
     fast = he.compare(str(root), str(tmp_path / "fast"), cost_scale=0.5)
     assert fast["cost_scale"] == 0.5
+    assert fast["per_seed"][0]["fcfs"]["steps"]["bias_pct"] == pytest.approx(-50, abs=0.01)
     for p in out["mean"]:
         assert fast["mean"][p]["e2e_mean"]["engine"] == out["mean"][p]["e2e_mean"]["engine"]
         assert fast["mean"][p]["e2e_mean"]["sim"] < 0.8 * out["mean"][p]["e2e_mean"]["sim"]
