@@ -2,6 +2,11 @@
 the 7B shape's capacity on one H200 (roofline cost model), fcfs, one core.
 
     python -m experiments.bench_sim [--requests N] [--load 0.9] [--mode event|reference]
+        [--cost-model roofline|engine_fitted]
+
+``--cost-model engine_fitted``: the configs' default, fitted to the engine's online 7B steps,
+with the engine's loop (``backend=sim_engine``: a step planned while the previous one runs,
+arrivals queued between steps).
 
 Capacity is measured, not assumed: a saturated probe (every request at t=0) gives the
 completed requests per simulated second. The same run is timed ``--repeat`` times (fresh
@@ -31,9 +36,16 @@ from simulator import Simulation, gpu_spec, make_cost_model
 REPO = Path(__file__).resolve().parents[1]
 
 
-def _run(requests, config, policy, cost_model) -> tuple[object, float]:  # noqa: ANN001
+def _run(requests, config, policy, cost_model, engine_loop) -> tuple[object, float]:  # noqa: ANN001
     t0 = time.perf_counter()
-    rec = Simulation(requests, config, make_policy(policy), cost_model).run()
+    rec = Simulation(
+        requests,
+        config,
+        make_policy(policy),
+        cost_model,
+        pipelined=engine_loop,
+        arrivals_at_step_boundaries=engine_loop,
+    ).run()
     return rec, time.perf_counter() - t0
 
 
@@ -46,12 +58,17 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--repeat", type=int, default=3, help="timed runs; wall_s is their median")
     ap.add_argument("--cache", default=str(REPO / "data" / "cache" / "sharegpt_qwen2.npz"))
+    ap.add_argument("--cost-model", default="roofline", choices=["roofline", "engine_fitted"])
     args = ap.parse_args(argv)
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})  # one core
 
     shape, gpu = model_shape("qwen2.5-7b"), gpu_spec("H200")
-    cost_model = make_cost_model("roofline", shape=shape, gpu=gpu)
+    engine_loop = args.cost_model == "engine_fitted"
+    options = {"path": str(REPO / "calibration" / "h200_qwen2.5-7b_online.csv.gz")}
+    cost_model = make_cost_model(
+        args.cost_model, shape=shape, gpu=gpu, **(options if engine_loop else {})
+    )
     config = SchedulerConfig(
         num_blocks=shape.kv_blocks(gpu.memory_bytes, 0.9, 16), step_mode=args.mode
     )
@@ -64,14 +81,14 @@ def main(argv: list[str] | None = None) -> dict:
     probe = workload(1.0, 2000).new_requests()
     for r in probe:
         r.arrival_time = 0.0
-    rec, _ = _run(probe, config, args.policy, cost_model)
+    rec, _ = _run(probe, config, args.policy, cost_model, engine_loop)
     capacity = 2000 / float(rec.step_end[-1])
     rate = args.load * capacity
 
     timed = workload(rate, args.requests)
     walls = []
     for _ in range(max(1, args.repeat)):
-        rec, w = _run(timed.new_requests(), config, args.policy, cost_model)
+        rec, w = _run(timed.new_requests(), config, args.policy, cost_model, engine_loop)
         walls.append(w)
     wall = float(np.median(walls))
     simulated = float(rec.step_end[-1])
@@ -90,6 +107,7 @@ def main(argv: list[str] | None = None) -> dict:
         "mean_running": round(float(np.mean(rec.num_running)), 1),
         "policy": args.policy,
         "mode": args.mode,
+        "cost_model": args.cost_model,
         "model": shape.name,
         "gpu": gpu.name,
         "num_blocks": config.num_blocks,
