@@ -99,7 +99,7 @@ def _requests(rate: float, seed: int, sources=None) -> list:  # noqa: ANN001
     return requests
 
 
-def export(rate: float | None = None, seeds: tuple[int, ...] = (0,), out: str = OUT) -> None:
+def export(rate: float | None = None, seeds: tuple[int, ...] = (0, 1, 2), out: str = OUT) -> None:
     """Per seed, write the requests, the learned predictor's predictions and the manifest under
     ``out/seed<s>/``."""
     from experiments.workloads import DataSources
