@@ -123,6 +123,30 @@ def _candidates(manifest: Manifest, cal_rows: np.ndarray, buckets) -> dict:  # n
     return out
 
 
+def simulate_engine_loop(
+    requests,
+    m: Manifest,
+    spec,
+    cost_model,
+    max_time: float | None,
+    pipelined: bool,  # noqa: ANN001
+) -> RunRecords:
+    """The simulator run of ``requests`` as the engine ran them: the manifest's scheduler and
+    SLO, the policy ``spec``, arrivals queued between steps, the engine's loop (``pipelined``)
+    and its time limit."""
+    from simulator.simulation import Simulation
+
+    return Simulation(
+        requests,
+        m.scheduler_config(),
+        spec.build(m.ttft_slo),
+        cost_model,
+        max_time=max_time,
+        arrivals_at_step_boundaries=True,
+        pipelined=pipelined,
+    ).run()
+
+
 def check_same_requests(rec: RunRecords, requests, case: str) -> None:  # noqa: ANN001
     arrivals = np.array(sorted(r.arrival_time for r in requests))
     if rec.num_requests != len(requests) or not np.array_equal(np.sort(rec.arrival_time), arrivals):
@@ -247,7 +271,6 @@ def compare(
         rows_of,
         write_steps,
     )
-    from simulator.simulation import Simulation
 
     edir = Path(engine_dir)
     model = _engine_model(edir)
@@ -300,15 +323,8 @@ def compare(
     pipelined = engine_pipelined(meta.get("engine") or {})
 
     def simulate(c: Case, p: str, cost_model) -> RunRecords:  # noqa: ANN001
-        return Simulation(
-            load_requests(mpath.parent / c.requests),  # fresh requests: a run mutates them
-            sc,
-            m.policies[p].build(m.ttft_slo),
-            cost_model,
-            max_time=c.max_time,
-            arrivals_at_step_boundaries=True,
-            pipelined=pipelined,
-        ).run()
+        requests = load_requests(mpath.parent / c.requests)  # fresh: a run mutates them
+        return simulate_engine_loop(requests, m, m.policies[p], cost_model, c.max_time, pipelined)
 
     table = []
     for c, p in keys:

@@ -166,11 +166,11 @@ def compare(engine_root: str = ENGINE, out: str | None = None, cost_scale: float
         check_same_requests,
         engine_pipelined,
         load_runs,
+        simulate_engine_loop,
     )
     from horizon.metrics import summarize
     from horizon.request import SLO
     from simulator.engine_cost_model import EngineCostModel, mape, rows_of
-    from simulator.simulation import Simulation
 
     seed_dirs = sorted(Path(engine_root).glob("seed*"), key=lambda d: int(d.name[4:]))
     if not seed_dirs:
@@ -185,8 +185,9 @@ def compare(engine_root: str = ENGINE, out: str | None = None, cost_scale: float
         runs = load_runs(sdir, (case,))
         meta = case_meta(sdir, case)
         slo = SLO(m.ttft_slo, m.itl_slo)
-        cost = EngineCostModel.from_file(REPO / _calibration(m.model))
-        cost = cost if cost_scale == 1.0 else cost.scaled(cost_scale)
+        if first is None:  # the setting, hence the model, is the same for every seed
+            cost = EngineCostModel.from_file(REPO / _calibration(m.model))
+            cost = cost if cost_scale == 1.0 else cost.scaled(cost_scale)
         pipelined = engine_pipelined(meta.get("engine") or {})
         rows = {}
         built = _requests(case.rate, case.seed)
@@ -198,15 +199,7 @@ def compare(engine_root: str = ENGINE, out: str | None = None, cost_scale: float
                 spec = dataclasses.replace(
                     spec, predictor_options={"path": str(sdir / f"{p}.predictions")}
                 )
-            sim = Simulation(
-                requests,
-                m.scheduler_config(),
-                spec.build(m.ttft_slo),
-                cost,
-                max_time=case.max_time,
-                arrivals_at_step_boundaries=True,
-                pipelined=pipelined,
-            ).run()
+            sim = simulate_engine_loop(requests, m, spec, cost, case.max_time, pipelined)
             e, s = summarize(runs[(case.name, p)], slo=slo), summarize(sim, slo=slo)
             rows[p] = {k: {"engine": float(e[k]), "sim": float(s[k])} for k in METRICS}
             rows[p]["steps"] = _step_error(cost, rows_of([runs[(case.name, p)]]), mape)

@@ -21,7 +21,6 @@ import math
 import os
 import pickle
 from array import array
-from collections.abc import Sequence
 from pathlib import Path
 
 from horizon.prediction import LengthDistribution
@@ -48,7 +47,7 @@ def remaining_from_entry(entry: Entry, g: int) -> LengthDistribution:
         return total
     if g >= hi:  # at or past max_output_tokens: one more token is all that is left
         return DONE
-    k = _last_at_or_below(grid, g)  # grid[0] == 1 <= g
+    k = bisect.bisect_right(grid, g) - 1  # the last grid point <= g (grid[0] == 1 <= g)
     if stepwise or k >= len(grid) - 1:
         m, s = loc[k], scl[k]
     else:
@@ -66,10 +65,6 @@ def remaining_from_entry(entry: Entry, g: int) -> LengthDistribution:
             top = v
         vals.append(top)
     return LengthDistribution(LEVELS, tuple(vals), 1.0, cap)
-
-
-def _last_at_or_below(grid: tuple[int, ...], g: int) -> int:
-    return bisect.bisect_right(grid, g) - 1
 
 
 def check_entry(entry: Entry, request: Request, who: str) -> Entry:
@@ -161,9 +156,6 @@ class PreparedPredictor(BasePredictor):
 
     def predict(self, request: Request) -> LengthDistribution:
         return self._entry(request)[2]
-
-    def predict_batch(self, requests: Sequence[Request]) -> list[LengthDistribution]:
-        return [self.predict(r) for r in requests]
 
     def update(self, request: Request, tokens_so_far: int) -> LengthDistribution:
         check_generated(request, tokens_so_far)
