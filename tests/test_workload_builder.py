@@ -445,3 +445,14 @@ def test_requests_file_round_trip(real, tmp_path):
     (tmp_path / "bad.json").write_text('{"format": "other"}')
     with pytest.raises(ValueError, match="horizon-requests"):
         load_requests(tmp_path / "bad.json")
+    (tmp_path / "cut.json").write_text('{"format": "horizon-requests", "vers')
+    with pytest.raises(ValueError, match="horizon-requests"):
+        load_requests(tmp_path / "cut.json")
+    # gzipped when the name ends in .gz: the same requests, smaller, byte-reproducible
+    save_requests(wl.new_requests(), tmp_path / "r.json.gz")
+    save_requests(wl.new_requests(), tmp_path / "again.json.gz")
+    gz = (tmp_path / "r.json.gz").read_bytes()
+    assert gz[:2] == b"\x1f\x8b" and gz == (tmp_path / "again.json.gz").read_bytes()
+    assert len(gz) < (tmp_path / "r.json").stat().st_size / 2
+    for a, b in zip(back, load_requests(tmp_path / "r.json.gz"), strict=True):
+        assert all(getattr(a, f) == getattr(b, f) for f in fields)

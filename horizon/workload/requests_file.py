@@ -2,11 +2,13 @@
 
 The GPU machine has no ShareGPT package or tokenizer cache: the requests are built here
 (``build_workload``) and carried as this file, so the engine replays exactly the requests the
-simulator ran.
+simulator ran. A path ending in ``.gz`` is written gzipped (a third of the size: what a
+device call carries); either kind is read.
 """
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 from collections.abc import Sequence
@@ -35,8 +37,13 @@ def save_requests(requests: Sequence[Request], path: str | os.PathLike[str]) -> 
         }
         for r in requests
     ]
-    with open(path, "w") as f:
-        json.dump({"format": FORMAT, "version": VERSION, "requests": rows}, f)
+    doc = {"format": FORMAT, "version": VERSION, "requests": rows}
+    if str(path).endswith(".gz"):  # mtime 0: the same requests give the same bytes
+        with open(path, "wb") as raw, gzip.GzipFile("", "wb", fileobj=raw, mtime=0) as f:
+            f.write(json.dumps(doc).encode())
+    else:
+        with open(path, "w") as f:
+            json.dump(doc, f)
 
 
 def load_requests(path: str | os.PathLike[str]) -> list[Request]:
@@ -45,9 +52,13 @@ def load_requests(path: str | os.PathLike[str]) -> list[Request]:
     Raises:
         ValueError: not such a file, or a request field out of range (named).
     """
-    with open(path) as f:
-        doc = json.load(f)
-    if doc.get("format") != FORMAT or doc.get("version") != VERSION:
+    with open(path, "rb") as f:
+        raw = f.read()
+    try:
+        doc = json.loads(gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw)
+    except (json.JSONDecodeError, UnicodeDecodeError, OSError, EOFError) as e:
+        raise ValueError(f"{path} is not a {FORMAT} v{VERSION} file ({e})") from e
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT or doc.get("version") != VERSION:
         raise ValueError(f"{path} is not a {FORMAT} v{VERSION} file")
     out = []
     for row in doc["requests"]:
