@@ -1,10 +1,11 @@
 """The headline on the engine: ``experiments.policy_gain``'s policies at its load, run online on
 the GPU engine and on the simulator from the same requests, side by side.
 
-    python -m experiments.headline_engine export [--rate R] [--seeds 0 1 2] [--out DIR]   # CPU
+    python -m experiments.headline_engine export [--rate R] [--seeds 0 1 2] [--out DIR]
+        [--policies P ...]     # CPU
     python -m executor.replay --manifest gpu_inputs/headline_qwen2.5-7b/seed0/manifest.json \
-        --out ENG/seed0        # GPU, one call per seed (~5 min); copy seed0/'s manifest and
-                               # predictions beside its records
+        --out ENG/seed0        # GPU, one call per seed (~5 min); copy seed0/'s manifest
+                               # beside its records (compare rebuilds the predictions)
     python -m experiments.headline_engine compare [ENG] [--out results/headline_engine]   # CPU
 
 ``export`` builds the headline's setting (``policy_gain.SETTING``: the 7B shape, 3,000 blocks,
@@ -13,7 +14,9 @@ held-out ShareGPT first turns, SLO ``h200_7b``) at ``--rate`` (default: the ``lo
 (scheduler, SLO and each policy's options as the simulator's configs resolve them; the engine's
 calibrated ``max_model_len``) and the learned predictor's predictions for those requests
 (``predictors.prepared``: the engine machine need not have the tokenizer or this scikit-learn,
-and both sides replay the same predictions).
+and both sides replay the same predictions). ``--policies`` exports a subset: e.g. each policy
+alone at its own ``rate_at_90`` (``results/headline_engine/rate90``), to see whether the
+simulator's 90% points hold on the engine.
 
 ``compare`` (default ``ENG``: ``results/headline_engine/engine``, the committed runs) rebuilds
 each seed's requests, checks them against the engine's, and simulates every policy with the
@@ -30,6 +33,8 @@ import argparse
 import copy
 import dataclasses
 import json
+import shutil
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -99,12 +104,27 @@ def _requests(rate: float, seed: int, sources=None) -> list:  # noqa: ANN001
     return requests
 
 
-def export(rate: float | None = None, seeds: tuple[int, ...] = (0, 1, 2), out: str = OUT) -> None:
+def export(
+    rate: float | None = None,
+    seeds: tuple[int, ...] = (0, 1, 2),
+    out: str = OUT,
+    policies: tuple[str, ...] | None = None,
+) -> None:
     """Per seed, write the requests, the learned predictor's predictions and the manifest under
-    ``out/seed<s>/``."""
+    ``out/seed<s>/``. ``policies``: a subset of ``POLICIES``' names (None: all), e.g. one
+    policy at its own ``rate_at_90``.
+
+    Raises:
+        ValueError: an unknown or repeated policy name.
+    """
     from experiments.workloads import DataSources
     from horizon.workload.requests_file import save_requests
 
+    names = [name for name, _, _ in POLICIES]
+    chosen = names if policies is None else list(policies)
+    unknown = sorted(set(chosen) - set(names))
+    if unknown or not chosen or len(set(chosen)) != len(chosen):
+        raise ValueError(f"policies must be distinct names among {names}, got {chosen}")
     rate = _headline_load() if rate is None else float(rate)
     sources = None
     for seed in seeds:
@@ -114,21 +134,22 @@ def export(rate: float | None = None, seeds: tuple[int, ...] = (0, 1, 2), out: s
         requests = _requests(rate, seed, sources)
         outdir = Path(out) / f"seed{seed}"
         outdir.mkdir(parents=True, exist_ok=True)
-        save_requests(requests, outdir / "headline.json")
+        save_requests(requests, outdir / "headline.json.gz")
         specs = {}
         for name, row, predictor in POLICIES:
+            if name not in chosen:
+                continue
             c = cfgs[row]
             pred_options = {}
             if predictor == "prepared":
-                learned = sources.predictor(c.policy.predictor_config, c.workload)
                 path = outdir / f"{name}.predictions"
-                learned.save_prepared(requests, path)
+                _save_predictions(c, sources, requests, path)
                 pred_options = {"path": _repo_relative(path)}
             specs[name] = PolicySpec(c.policy.name, dict(c.policy.options), predictor, pred_options)
         sc = cfg.scheduler.scheduler_config(cfg.model.num_blocks, cfg.backend.step_mode)
         sc = dataclasses.replace(sc, max_model_len=min(sc.max_model_len, MAX_MODEL_LEN))
         last = max(r.arrival_time for r in requests)
-        case = Case("headline", "headline", cfg.workload.name, rate, seed, "headline.json",
+        case = Case("headline", "headline", cfg.workload.name, rate, seed, "headline.json.gz",
                     tuple(specs), last + DRAIN_S)  # fmt: skip
         Manifest(
             model=cfg.model.shape,
@@ -148,6 +169,37 @@ def export(rate: float | None = None, seeds: tuple[int, ...] = (0, 1, 2), out: s
               f"-> {outdir}")  # fmt: skip
 
 
+def _save_predictions(cfg, sources, requests: list, path: Path) -> None:  # noqa: ANN001
+    """The learned predictor's memo for ``requests`` (``predictors.prepared``), as ``cfg``'s
+    policy builds it; seeded data and training, so the same file on every machine."""
+    learned = sources.predictor(cfg.policy.predictor_config, cfg.workload)
+    learned.save_prepared(requests, path)
+
+
+def _predictions(
+    sdir: Path, policy: str, rate: float, seed: int, requests: list, tmp: Path
+) -> Path:
+    """The predictions a seed's engine run replayed: the file beside its records, or, where
+    that was not kept (a run committed without it), the same file rebuilt under ``tmp``."""
+    kept = sdir / f"{policy}.predictions"
+    if kept.exists():
+        return kept
+    path = tmp / f"seed{seed}_{policy}.predictions"
+    _rebuild_predictions(policy, rate, seed, requests, path)
+    print(f"{sdir.name}: rebuilt {kept.name} (not kept beside the records)", flush=True)
+    return path
+
+
+def _rebuild_predictions(policy: str, rate: float, seed: int, requests: list, path: Path) -> None:
+    """What ``export`` wrote for ``policy`` at ``rate``, ``seed``: seeded data and training give
+    the same bytes on every machine (the learned predictor is trained on first use, ~3 min)."""
+    from experiments.workloads import DataSources
+
+    (row,) = [row for name, row, _ in POLICIES if name == policy]
+    cfg = _setting(rate, seed)[row]
+    _save_predictions(cfg, DataSources(cfg.data), requests, path)
+
+
 def _repo_relative(p: Path) -> str:
     p = p.resolve()
     return str(p.relative_to(REPO)) if p.is_relative_to(REPO) else str(p)
@@ -158,56 +210,36 @@ def compare(engine_root: str = ENGINE, out: str | None = None, cost_scale: float
 
     ``engine_root`` holds one folder per seed (``seed<s>/``: the manifest the engine ran, the
     predictions it replayed, and ``headline/<policy>/`` records); the requests are rebuilt
-    (seeded) and checked against the engine's. ``cost_scale`` multiplies every modelled step
+    (seeded) and checked against the engine's, and so are predictions not kept beside the
+    records (``_predictions``). ``cost_scale`` multiplies every modelled step
     time (``EngineCostModel.scaled``): how far the simulated figures move for a given bias.
     """
-    from experiments.fidelity_compare import (
-        case_meta,
-        check_same_requests,
-        engine_pipelined,
-        load_runs,
-        simulate_engine_loop,
-    )
-    from horizon.metrics import summarize
-    from horizon.request import SLO
-    from simulator.engine_cost_model import EngineCostModel, mape, rows_of
+    from experiments.fidelity_compare import case_meta
 
     seed_dirs = sorted(Path(engine_root).glob("seed*"), key=lambda d: int(d.name[4:]))
     if not seed_dirs:
         raise FileNotFoundError(f"{engine_root}: no seed<s>/ folders of engine runs")
-    per_seed, meta, m = {}, {}, None
-    for sdir in seed_dirs:
-        first, m = m, Manifest.load(sdir / "manifest.json")
-        (case,) = m.of_role("headline")
-        if first is not None and _setting_of(first) != _setting_of(m):
-            raise ValueError(f"{sdir}: another setting than {seed_dirs[0]} (model, load, "
-                             "scheduler, SLO and policies must match across seeds)")  # fmt: skip
-        runs = load_runs(sdir, (case,))
-        meta = case_meta(sdir, case)
-        slo = SLO(m.ttft_slo, m.itl_slo)
-        if first is None:  # the setting, hence the model, is the same for every seed
-            cost = EngineCostModel.from_file(REPO / _calibration(m.model))
-            cost = cost if cost_scale == 1.0 else cost.scaled(cost_scale)
-        pipelined = engine_pipelined(meta.get("engine") or {})
-        rows = {}
-        built = _requests(case.rate, case.seed)
-        for p in case.policies:
-            requests = copy.deepcopy(built)  # a run mutates its requests
-            check_same_requests(runs[(case.name, p)], requests, f"{sdir.name}/{case.name}")
-            spec = m.policies[p]
-            if spec.predictor == "prepared":  # the predictions the engine replayed
-                spec = dataclasses.replace(
-                    spec, predictor_options={"path": str(sdir / f"{p}.predictions")}
+    per_seed: dict[int, dict] = {}
+    m: Manifest | None = None
+    cost = None  # the setting, hence the model, is the same for every seed: loaded once
+    tmp = Path(tempfile.mkdtemp(prefix="headline_engine_"))
+    try:
+        for sdir in seed_dirs:
+            first, m = m, Manifest.load(sdir / "manifest.json")
+            if first is not None and _setting_of(first) != _setting_of(m):
+                raise ValueError(
+                    f"{sdir}: another setting than {seed_dirs[0]} (model, load, scheduler, SLO "
+                    "and policies must match across seeds)"
                 )
-            sim = simulate_engine_loop(requests, m, spec, cost, case.max_time, pipelined)
-            e, s = summarize(runs[(case.name, p)], slo=slo), summarize(sim, slo=slo)
-            rows[p] = {k: {"engine": float(e[k]), "sim": float(s[k])} for k in METRICS}
-            rows[p]["steps"] = _step_error(cost, rows_of([runs[(case.name, p)]]), mape)
-            g = rows[p]["goodput_lifetime"]
-            print(f"seed {case.seed} {p}: goodput engine {g['engine']:.3f}, simulator "
-                  f"{g['sim']:.3f}", flush=True)  # fmt: skip
-        per_seed[case.seed] = rows
+            if cost is None:
+                cost = _cost_model(m.model, cost_scale)
+            (case,) = m.of_role("headline")
+            per_seed[case.seed] = _compare_seed(sdir, m, cost, tmp)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     assert m is not None
+    (case,) = m.of_role("headline")
+    meta = case_meta(seed_dirs[-1], case)
     policies = list(next(iter(per_seed.values())))
     mean = {
         p: {
@@ -231,7 +263,11 @@ def compare(engine_root: str = ENGINE, out: str | None = None, cost_scale: float
         den = mean[b][metric][side]
         return round(mean[a][metric][side] / den, 3) if den else None
 
-    pairs = [("horizon_learned", b) for b in ("fcfs", "sjf_prompt", "horizon_oracle")]
+    pairs = [  # those whose two policies ran (an export may hold a subset)
+        ("horizon_learned", b)
+        for b in ("fcfs", "sjf_prompt", "horizon_oracle")
+        if "horizon_learned" in mean and b in mean
+    ]
     result = {
         "rate": case.rate,
         "seeds": sorted(per_seed),
@@ -253,7 +289,9 @@ def compare(engine_root: str = ENGINE, out: str | None = None, cost_scale: float
         },
         "throughput_vs_fcfs": {
             side: gain("horizon_learned", "fcfs", "throughput_tok_s", side) for side in SIDES
-        },
+        }
+        if {"horizon_learned", "fcfs"} <= set(mean)
+        else None,
         "goodput_err_pts": {
             "mean": round(
                 100
@@ -277,6 +315,50 @@ def compare(engine_root: str = ENGINE, out: str | None = None, cost_scale: float
     _write(result, Path(out or REPO / "results" / "headline_engine"))
     print(json.dumps({k: result[k] for k in ("rate", "seeds", "gain", "goodput_err_pts")}))
     return result
+
+
+def _cost_model(model: str, cost_scale: float):  # noqa: ANN202
+    from simulator.engine_cost_model import EngineCostModel
+
+    cost = EngineCostModel.from_file(REPO / _calibration(model))
+    return cost if cost_scale == 1.0 else cost.scaled(cost_scale)
+
+
+def _compare_seed(sdir: Path, m: Manifest, cost, tmp: Path) -> dict:  # noqa: ANN001
+    """Each policy of one seed's engine runs beside the simulator's run of it: ``{policy:
+    {metric: {"engine", "sim"}, "steps": the cost model's error on the run's steps}}``."""
+    from experiments.fidelity_compare import (
+        case_meta,
+        check_same_requests,
+        engine_pipelined,
+        load_runs,
+        simulate_engine_loop,
+    )
+    from horizon.metrics import summarize
+    from horizon.request import SLO
+    from simulator.engine_cost_model import mape, rows_of
+
+    (case,) = m.of_role("headline")
+    runs = load_runs(sdir, (case,))
+    slo = SLO(m.ttft_slo, m.itl_slo)
+    pipelined = engine_pipelined(case_meta(sdir, case).get("engine") or {})
+    rows = {}
+    built = _requests(case.rate, case.seed)
+    for p in case.policies:
+        requests = copy.deepcopy(built)  # a run mutates its requests
+        check_same_requests(runs[(case.name, p)], requests, f"{sdir.name}/{case.name}")
+        spec = m.policies[p]
+        if spec.predictor == "prepared":  # the predictions the engine replayed
+            path = _predictions(sdir, p, case.rate, case.seed, built, tmp)
+            spec = dataclasses.replace(spec, predictor_options={"path": str(path)})
+        sim = simulate_engine_loop(requests, m, spec, cost, case.max_time, pipelined)
+        e, s = summarize(runs[(case.name, p)], slo=slo), summarize(sim, slo=slo)
+        rows[p] = {k: {"engine": float(e[k]), "sim": float(s[k])} for k in METRICS}
+        rows[p]["steps"] = _step_error(cost, rows_of([runs[(case.name, p)]]), mape)
+        g = rows[p]["goodput_lifetime"]
+        print(f"seed {case.seed} {p}: goodput engine {g['engine']:.3f}, simulator "
+              f"{g['sim']:.3f}", flush=True)  # fmt: skip
+    return rows
 
 
 def _step_error(cost, steps: np.ndarray, mape) -> dict:  # noqa: ANN001
@@ -351,7 +433,10 @@ def _write(result: dict, where: Path) -> None:
         pair = k.replace("_vs_", " / ")
         lines.append(f"- goodput {pair} (means): engine {v['engine']}, simulator {v['sim']}")
     t = result["throughput_vs_fcfs"]
-    lines.append(f"- throughput horizon_learned / fcfs: engine {t['engine']}, simulator {t['sim']}")
+    if t is not None:
+        lines.append(
+            f"- throughput horizon_learned / fcfs: engine {t['engine']}, simulator {t['sim']}"
+        )
     lines += [
         "",
         "The cost model on each engine run's own steps (%; bias: modelled over measured time, "
@@ -380,6 +465,13 @@ def main(argv: list[str] | None = None) -> None:
     e.add_argument("--rate", type=float, default=None, help="default: policy_gain's load")
     e.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     e.add_argument("--out", default=OUT)
+    e.add_argument(
+        "--policies",
+        nargs="+",
+        default=None,
+        choices=[name for name, _, _ in POLICIES],
+        help="a subset (default: all)",
+    )
     c = sub.add_parser("compare")
     c.add_argument("engine_root", nargs="?", default=ENGINE)
     c.add_argument("--out", default=None, help="default: results/headline_engine")
@@ -388,7 +480,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     args = ap.parse_args(argv)
     if args.cmd == "export":
-        export(args.rate, tuple(args.seeds), args.out)
+        export(args.rate, tuple(args.seeds), args.out, args.policies)
     else:
         compare(args.engine_root, args.out, args.cost_scale)
 
