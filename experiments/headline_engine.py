@@ -171,22 +171,52 @@ def export(
 
 def _save_predictions(cfg, sources, requests: list, path: Path) -> None:  # noqa: ANN001
     """The learned predictor's memo for ``requests`` (``predictors.prepared``), as ``cfg``'s
-    policy builds it; seeded data and training, so the same file on every machine."""
+    policy builds it; seeded data and training, so the same file on every machine. Beside it,
+    ``<path>.sha256``: the predictions' digest (``PreparedPredictor.digest``), kept with the
+    engine's records so that a rebuilt file can be checked against what the engine replayed."""
+    from predictors.prepared import PreparedPredictor
+
     learned = sources.predictor(cfg.policy.predictor_config, cfg.workload)
     learned.save_prepared(requests, path)
+    _digest_file(path).write_text(PreparedPredictor(path).digest() + "\n")
+
+
+def _digest_file(predictions: Path) -> Path:
+    return predictions.with_name(predictions.name + ".sha256")
 
 
 def _predictions(
     sdir: Path, policy: str, rate: float, seed: int, requests: list, tmp: Path
 ) -> Path:
     """The predictions a seed's engine run replayed: the file beside its records, or, where
-    that was not kept (a run committed without it), the same file rebuilt under ``tmp``."""
-    kept = sdir / f"{policy}.predictions"
-    if kept.exists():
-        return kept
-    path = tmp / f"seed{seed}_{policy}.predictions"
-    _rebuild_predictions(policy, rate, seed, requests, path)
-    print(f"{sdir.name}: rebuilt {kept.name} (not kept beside the records)", flush=True)
+    that was not kept (a run committed without it), the same file rebuilt under ``tmp``. Either
+    is checked against the digest kept beside the records (``<policy>.predictions.sha256``).
+
+    Raises:
+        ValueError: neither the file nor its digest was kept, or the file's predictions differ
+            from those the engine replayed (the predictor, its data or its code changed since).
+    """
+    from predictors.prepared import PreparedPredictor
+
+    kept, digest = sdir / f"{policy}.predictions", _digest_file(sdir / f"{policy}.predictions")
+    path = kept
+    if not kept.exists():
+        if not digest.exists():
+            raise ValueError(
+                f"{sdir}: neither {kept.name} nor its digest {digest.name}: the predictions "
+                "the engine replayed cannot be rebuilt and checked"
+            )
+        path = tmp / f"seed{seed}_{policy}.predictions"
+        _rebuild_predictions(policy, rate, seed, requests, path)
+        print(f"{sdir.name}: rebuilt {kept.name} (not kept beside the records)", flush=True)
+    if digest.exists():
+        want, got = digest.read_text().strip(), PreparedPredictor(path).digest()
+        if got != want:
+            raise ValueError(
+                f"{sdir}: the predictions {'rebuilt' if path != kept else 'kept'} for {policy} "
+                f"(digest {got[:12]}) are not those the engine replayed ({want[:12]}): the "
+                "learned predictor, its data or its code changed since the export"
+            )
     return path
 
 

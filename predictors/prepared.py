@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import bisect
 import gzip
+import hashlib
 import math
 import os
 import pickle
@@ -144,6 +145,11 @@ class PreparedPredictor(BasePredictor):
 
     def __len__(self) -> int:
         return len(self._entries)
+
+    def digest(self) -> str:
+        """SHA-256 of the predictions themselves (the entries, not the header, which names
+        where the artifact lay): two files with the same digest make a policy decide alike."""
+        return hashlib.sha256(pickle.dumps(self._entries, protocol=5)).hexdigest()
 
     def _entry(self, request: Request) -> Entry:
         e = self._entries.get(request.request_id)

@@ -13,6 +13,7 @@ import experiments.headline_engine as he
 from experiments.fidelity_manifest import Case, Manifest, PolicySpec
 from horizon.request import Request
 from horizon.scheduler_config import SchedulerConfig
+from predictors.prepared import PreparedPredictor
 from simulator.engine_cost_model import EngineCostModel
 from simulator.simulation import Simulation
 
@@ -41,7 +42,9 @@ def _root(tmp_path, split, fitted, rate=150.0, seeds=(0, 1), only=None):
         d = tmp_path / "engine" / f"seed{s}"
         d.mkdir(parents=True)
         reqs = _requests(base[s], rate)
-        fitted.save_prepared(reqs, d / "horizon_learned.predictions")
+        pred = d / "horizon_learned.predictions"
+        fitted.save_prepared(reqs, pred)
+        (d / "horizon_learned.predictions.sha256").write_text(PreparedPredictor(pred).digest())
         policies = {
             "fcfs": PolicySpec("fcfs"),
             "sjf_prompt": PolicySpec("sjf_prompt", {"aging_tokens_per_s": 100.0}),
@@ -161,6 +164,14 @@ def test_a_subset_of_policies_compares_without_the_missing_gains(
     again = he.compare(str(two), str(tmp_path / "report3"))
     assert rebuilt == [("horizon_learned", 150.0, 0), ("horizon_learned", 150.0, 1)]
     assert again["per_seed"] == out["per_seed"]
+    # checked against the digest of what the engine replayed: other predictions are refused
+    digest = two / "seed1" / "horizon_learned.predictions.sha256"
+    digest.write_text("0" * 64)
+    with pytest.raises(ValueError, match="not those the engine replayed"):
+        he.compare(str(two), str(tmp_path / "report4"))
+    digest.unlink()
+    with pytest.raises(ValueError, match="neither"):
+        he.compare(str(two), str(tmp_path / "report5"))
 
 
 @pytest.mark.parametrize("policies", [("fcfs", "lifo"), (), ("fcfs", "fcfs")])

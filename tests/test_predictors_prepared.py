@@ -34,6 +34,21 @@ def test_replays_the_learned_predictors_own_answers(tmp_path, split, fitted):
     assert prepared.update(r, 300).values != prepared.update(r, 0).values
 
 
+def test_digest_names_the_predictions_not_the_file(tmp_path, split, fitted):
+    """Equal for the same requests written twice (another place, another gzip time stamp,
+    another header), different for other requests."""
+    a = fitted.save_prepared(split.test[:20], tmp_path / "a.predictions")
+    b = fitted.save_prepared(split.test[:20], tmp_path / "sub" / "b.predictions")
+    c = fitted.save_prepared(split.test[20:40], tmp_path / "c.predictions")
+    doc = pickle.loads(gzip.decompress((tmp_path / "a.predictions").read_bytes()))
+    doc["header"]["artifact"] = "/elsewhere/model.joblib"
+    (tmp_path / "d.predictions").write_bytes(gzip.compress(pickle.dumps(doc), mtime=1))
+    digest = PreparedPredictor(a).digest()
+    assert len(digest) == 64 and digest == PreparedPredictor(b).digest()
+    assert digest == PreparedPredictor(tmp_path / "d.predictions").digest()
+    assert digest != PreparedPredictor(c).digest()
+
+
 def test_refuses_requests_it_does_not_hold(tmp_path, split, fitted):
     reqs = split.test[:5]
     prepared = PreparedPredictor(fitted.save_prepared(reqs, tmp_path / "p.gz"))
