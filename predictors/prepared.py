@@ -147,9 +147,19 @@ class PreparedPredictor(BasePredictor):
         return len(self._entries)
 
     def digest(self) -> str:
-        """SHA-256 of the predictions themselves (the entries, not the header, which names
-        where the artifact lay): two files with the same digest make a policy decide alike."""
-        return hashlib.sha256(pickle.dumps(self._entries, protocol=5)).hexdigest()
+        """SHA-256 of the predictions themselves: every entry's values, in request-id order
+        (not the header, which names where the artifact lay, nor the pickle's bytes, which
+        depend on which objects happened to be shared). Two files with the same digest make a
+        policy decide alike."""
+        h = hashlib.sha256()
+        for rid in sorted(self._entries):
+            n, hi, total, grid, loc, scl, rz, stepwise = self._entries[rid]
+            plain = (rid, n, hi, total.levels, total.values, total.lo, total.hi, tuple(grid),
+                     rz.levels, rz.g_edges, rz.table, rz.counts, bool(stepwise))  # fmt: skip
+            h.update(repr(plain).encode())
+            h.update(loc.tobytes())
+            h.update(scl.tobytes())
+        return h.hexdigest()
 
     def _entry(self, request: Request) -> Entry:
         e = self._entries.get(request.request_id)

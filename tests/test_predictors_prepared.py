@@ -3,6 +3,7 @@ requests, written to a file and replayed without scikit-learn or the tokenizer."
 
 from __future__ import annotations
 
+import copy
 import gzip
 import pickle
 import subprocess
@@ -43,9 +44,13 @@ def test_digest_names_the_predictions_not_the_file(tmp_path, split, fitted):
     doc = pickle.loads(gzip.decompress((tmp_path / "a.predictions").read_bytes()))
     doc["header"]["artifact"] = "/elsewhere/model.joblib"
     (tmp_path / "d.predictions").write_bytes(gzip.compress(pickle.dumps(doc), mtime=1))
+    # the same values with no object shared between entries: other pickle bytes, same digest
+    doc["entries"] = {k: copy.deepcopy(v) for k, v in doc["entries"].items()}
+    (tmp_path / "e.predictions").write_bytes(gzip.compress(pickle.dumps(doc)))
     digest = PreparedPredictor(a).digest()
     assert len(digest) == 64 and digest == PreparedPredictor(b).digest()
     assert digest == PreparedPredictor(tmp_path / "d.predictions").digest()
+    assert digest == PreparedPredictor(tmp_path / "e.predictions").digest()
     assert digest != PreparedPredictor(c).digest()
 
 
