@@ -4,8 +4,9 @@ the GPU engine and on the simulator from the same requests, side by side.
     python -m experiments.headline_engine export [--rate R] [--seeds 0 1 2] [--out DIR]
         [--policies P ...]     # CPU
     python -m executor.replay --manifest gpu_inputs/headline_qwen2.5-7b/seed0/manifest.json \
-        --out ENG/seed0        # GPU, one call per seed (~5 min); copy seed0/'s manifest
-                               # beside its records (compare rebuilds the predictions)
+        --out ENG/seed0        # GPU, one call per seed (~5 min); copy seed0/'s manifest and
+                               # *.predictions.sha256 beside its records (compare rebuilds
+                               # the predictions and checks them against that digest)
     python -m experiments.headline_engine compare [ENG] [--out results/headline_engine]   # CPU
 
 ``export`` builds the headline's setting (``policy_gain.SETTING``: the 7B shape, 3,000 blocks,
