@@ -8,6 +8,7 @@ the GPU engine and on the simulator from the same requests, side by side.
                                # *.predictions.sha256 beside its records (compare rebuilds
                                # the predictions and checks them against that digest)
     python -m experiments.headline_engine compare [ENG] [--out results/headline_engine]   # CPU
+        [--cost-scale F] [--noise-seeds N]
 
 ``export`` builds the headline's setting (``policy_gain.SETTING``: the 7B shape, 3,000 blocks,
 held-out ShareGPT first turns, SLO ``h200_7b``) at ``--rate`` (default: the ``load`` of
@@ -236,7 +237,12 @@ def _repo_relative(p: Path) -> str:
     return str(p.relative_to(REPO)) if p.is_relative_to(REPO) else str(p)
 
 
-def compare(engine_root: str = ENGINE, out: str | None = None, cost_scale: float = 1.0) -> dict:
+def compare(
+    engine_root: str = ENGINE,
+    out: str | None = None,
+    cost_scale: float = 1.0,
+    noise_seeds: int = 0,
+) -> dict:
     """Simulate each seed's policies and set them beside the engine's runs (module docstring).
 
     ``engine_root`` holds one folder per seed (``seed<s>/``: the manifest the engine ran, the
@@ -244,7 +250,19 @@ def compare(engine_root: str = ENGINE, out: str | None = None, cost_scale: float
     (seeded) and checked against the engine's, and so are predictions not kept beside the
     records (``_predictions``). ``cost_scale`` multiplies every modelled step
     time (``EngineCostModel.scaled``): how far the simulated figures move for a given bias.
+    ``noise_seeds``: each run is also simulated with the engine's measured step-time scatter
+    (``EngineCostModel.with_noise``, seeds ``0..noise_seeds-1``), and the simulated goodput's
+    range over those seeds is set beside the engine's: whether a run's figure is one the
+    simulator's own spread reaches.
+
+    Raises:
+        ValueError: ``noise_seeds`` with a ``cost_scale`` other than 1 (the scatter is that of
+            the fitted model's own steps), or below 0.
     """
+    if noise_seeds < 0 or (noise_seeds and cost_scale != 1.0):
+        raise ValueError(
+            f"noise_seeds must be >= 0 and needs cost_scale 1 (got {noise_seeds}, {cost_scale})"
+        )
     from experiments.fidelity_compare import case_meta
 
     seed_dirs = sorted(Path(engine_root).glob("seed*"), key=lambda d: int(d.name[4:]))
@@ -265,7 +283,7 @@ def compare(engine_root: str = ENGINE, out: str | None = None, cost_scale: float
             if cost is None:
                 cost = _cost_model(m.model, cost_scale)
             (case,) = m.of_role("headline")
-            per_seed[case.seed] = _compare_seed(sdir, m, cost, tmp)
+            per_seed[case.seed] = _compare_seed(sdir, m, cost, tmp, noise_seeds)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     assert m is not None
@@ -311,6 +329,8 @@ def compare(engine_root: str = ENGINE, out: str | None = None, cost_scale: float
         "triton": meta.get("triton"),
         "cost_model": _calibration(m.model),
         "cost_scale": cost_scale,
+        "noise_seeds": noise_seeds,
+        "engine_in_noise_band": _in_band(per_seed) if noise_seeds else None,
         "mean": mean,
         "goodput_spread": spread,
         "per_seed": per_seed,
@@ -348,6 +368,18 @@ def compare(engine_root: str = ENGINE, out: str | None = None, cost_scale: float
     return result
 
 
+def _in_band(per_seed: dict) -> str:
+    """How many runs' engine goodput lies within the simulator's range over noise seeds (half
+    a point of slack, as the fidelity experiment counts it)."""
+    inside = [
+        lo - 0.005 <= r["goodput_lifetime"]["engine"] <= hi + 0.005
+        for rows in per_seed.values()
+        for r in rows.values()
+        for lo, hi in [r["goodput_noise_band"]]
+    ]
+    return f"{sum(inside)}/{len(inside)}"
+
+
 def _cost_model(model: str, cost_scale: float):  # noqa: ANN202
     from simulator.engine_cost_model import EngineCostModel
 
@@ -355,9 +387,13 @@ def _cost_model(model: str, cost_scale: float):  # noqa: ANN202
     return cost if cost_scale == 1.0 else cost.scaled(cost_scale)
 
 
-def _compare_seed(sdir: Path, m: Manifest, cost, tmp: Path) -> dict:  # noqa: ANN001
+def _compare_seed(  # noqa: ANN001 - cost: a step cost model
+    sdir: Path, m: Manifest, cost, tmp: Path, noise_seeds: int = 0
+) -> dict:
     """Each policy of one seed's engine runs beside the simulator's run of it: ``{policy:
-    {metric: {"engine", "sim"}, "steps": the cost model's error on the run's steps}}``."""
+    {metric: {"engine", "sim"}, "steps": the cost model's error on the run's steps,
+    "goodput_noise_band": [min, max] over ``noise_seeds`` noisy simulations (None without)}}``.
+    """
     from experiments.fidelity_compare import (
         case_meta,
         check_same_requests,
@@ -386,6 +422,16 @@ def _compare_seed(sdir: Path, m: Manifest, cost, tmp: Path) -> dict:  # noqa: AN
         e, s = summarize(runs[(case.name, p)], slo=slo), summarize(sim, slo=slo)
         rows[p] = {k: {"engine": float(e[k]), "sim": float(s[k])} for k in METRICS}
         rows[p]["steps"] = _step_error(cost, rows_of([runs[(case.name, p)]]), mape)
+        band = [
+            summarize(
+                simulate_engine_loop(
+                    copy.deepcopy(built), m, spec, cost.with_noise(k), case.max_time, pipelined
+                ),
+                slo=slo,
+            )["goodput_lifetime"]
+            for k in range(noise_seeds)
+        ]
+        rows[p]["goodput_noise_band"] = [float(min(band)), float(max(band))] if band else None
         g = rows[p]["goodput_lifetime"]
         print(f"seed {case.seed} {p}: goodput engine {g['engine']:.3f}, simulator "
               f"{g['sim']:.3f}", flush=True)  # fmt: skip
@@ -484,6 +530,22 @@ def _write(result: dict, where: Path) -> None:
                 f"{st['decode_bias_pct']:+.2f} | {st['mape_pct']['all']:.2f} | "
                 f"{st['mape_pct']['mixed']:.2f} |"
             )
+    if result.get("noise_seeds"):
+        lines += [
+            "",
+            f"Goodput with the engine's step-time scatter (the simulator over noise seeds 0-"
+            f"{result['noise_seeds'] - 1}, min-max); the engine's figure lies in that range "
+            f"(within half a point) in {result['engine_in_noise_band']} runs:",
+            "",
+            "| seed | policy | engine | simulator | simulator with scatter |",
+            "|---|---|---|---|---|",
+        ]
+        for seed in seeds:
+            for p, r in result["per_seed"][seed].items():
+                g, (lo, hi) = r["goodput_lifetime"], r["goodput_noise_band"]
+                lines.append(
+                    f"| {seed} | {p} | {g['engine']:.3f} | {g['sim']:.3f} | {lo:.3f}-{hi:.3f} |"
+                )
     text = "\n".join(lines) + "\n"
     (where / "headline_engine.md").write_text(text)
     print(text)
@@ -509,11 +571,17 @@ def main(argv: list[str] | None = None) -> None:
     c.add_argument(
         "--cost-scale", type=float, default=1.0, help="multiply every modelled step time"
     )
+    c.add_argument(
+        "--noise-seeds",
+        type=int,
+        default=0,
+        help="also simulate each run with the engine's step scatter, seeds 0..N-1",
+    )
     args = ap.parse_args(argv)
     if args.cmd == "export":
         export(args.rate, tuple(args.seeds), args.out, args.policies)
     else:
-        compare(args.engine_root, args.out, args.cost_scale)
+        compare(args.engine_root, args.out, args.cost_scale, args.noise_seeds)
 
 
 if __name__ == "__main__":

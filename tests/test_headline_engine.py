@@ -143,6 +143,9 @@ def test_a_subset_of_policies_compares_without_the_missing_gains(
     out = he.compare(str(root), str(tmp_path / "report"))
     assert list(out["mean"]) == ["horizon_learned"] and out["rate"] == 200.0
     assert out["gain"] == {} and out["throughput_vs_fcfs"] is None
+    assert out["engine_in_noise_band"] is None
+    assert all(r["goodput_noise_band"] is None for rows in out["per_seed"].values()
+               for r in rows.values())  # fmt: skip
     g = out["mean"]["horizon_learned"]["goodput_lifetime"]
     assert g["engine"] == pytest.approx(g["sim"]) and 0 < g["sim"] <= 1
     page = (tmp_path / "report" / "headline_engine.md").read_text()
@@ -178,3 +181,31 @@ def test_a_subset_of_policies_compares_without_the_missing_gains(
 def test_export_refuses_unknown_or_repeated_policies(tmp_path, policies):
     with pytest.raises(ValueError, match="distinct names"):
         he.export(50.0, (0,), str(tmp_path), policies)
+
+
+def test_noise_seeds_set_the_simulators_spread_beside_the_engine(
+    tmp_path, monkeypatch, split, fitted
+):
+    root, base = _root(tmp_path, split, fitted, rate=400.0, seeds=(0,), only=("fcfs",))
+    monkeypatch.setattr(he, "_requests", lambda rate, seed: _requests(base[seed], rate))
+    out = he.compare(str(root), str(tmp_path / "report"), noise_seeds=3)
+    r = out["per_seed"][0]["fcfs"]
+    lo, hi = r["goodput_noise_band"]
+    assert 0 <= lo <= hi <= 1 and out["noise_seeds"] == 3
+    # the steps scatter: the noisy runs are not the deterministic one's copies
+    noisy = EngineCostModel.from_file(he.REPO / he._calibration(MODEL)).with_noise(0)
+    assert noisy.step_time(_plan()) != noisy.model.step_time(_plan())
+    assert out["engine_in_noise_band"] in ("0/1", "1/1")
+    assert out["engine_in_noise_band"] == ("1/1" if lo - 0.005 <= r["goodput_lifetime"]["engine"]
+                                           <= hi + 0.005 else "0/1")  # fmt: skip
+    assert "simulator with scatter" in (tmp_path / "report" / "headline_engine.md").read_text()
+    for bad in ({"noise_seeds": -1}, {"noise_seeds": 2, "cost_scale": 0.99}):
+        with pytest.raises(ValueError, match="noise_seeds"):
+            he.compare(str(root), str(tmp_path / "bad"), **bad)
+
+
+def _plan():
+    from horizon.plan import StepPlan
+
+    reqs = [Request(i, 0.0, 100, 10, 10) for i in range(8)]
+    return StepPlan(0, 0.0, tuple(reqs), (), decode_context_tokens=8 * 300)
