@@ -369,13 +369,14 @@ def compare(
 
 
 def _in_band(per_seed: dict) -> str:
-    """How many runs' engine goodput lies within the simulator's range over noise seeds (half
-    a point of slack, as the fidelity experiment counts it)."""
+    """How many runs' engine goodput lies within the simulator's range over noise seeds (as the
+    fidelity experiment counts it: ``fidelity_compare.in_band``)."""
+    from experiments.fidelity_compare import in_band
+
     inside = [
-        lo - 0.005 <= r["goodput_lifetime"]["engine"] <= hi + 0.005
+        in_band(r["goodput_lifetime"]["engine"], r["goodput_noise_band"])
         for rows in per_seed.values()
         for r in rows.values()
-        for lo, hi in [r["goodput_noise_band"]]
     ]
     return f"{sum(inside)}/{len(inside)}"
 
