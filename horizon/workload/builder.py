@@ -33,21 +33,24 @@ class Workload:
 
     def new_requests(self) -> tuple[Request, ...]:
         """Fresh, unstarted copies of ``requests`` (same ids, arrivals, prompts, lengths)."""
-        return tuple(
-            Request(
-                request_id=r.request_id,
-                arrival_time=r.arrival_time,
-                num_prompt_tokens=r.num_prompt_tokens,
-                max_output_tokens=r.max_output_tokens,
-                true_output_tokens=r.true_output_tokens,
-                slo=r.slo,
-                prompt_token_ids=r.prompt_token_ids,
-                conversation_id=r.conversation_id,
-                turn_index=r.turn_index,
-                output_token_ids=r.output_token_ids,
-            )
-            for r in self.requests
-        )
+        return tuple(fresh_copy(r) for r in self.requests)
+
+
+def fresh_copy(r: Request, request_id: int | None = None) -> Request:
+    """An unstarted copy of ``r`` (same arrival, prompt, lengths, SLO, ids), renumbered to
+    ``request_id`` if given."""
+    return Request(
+        request_id=r.request_id if request_id is None else request_id,
+        arrival_time=r.arrival_time,
+        num_prompt_tokens=r.num_prompt_tokens,
+        max_output_tokens=r.max_output_tokens,
+        true_output_tokens=r.true_output_tokens,
+        slo=r.slo,
+        prompt_token_ids=r.prompt_token_ids,
+        conversation_id=r.conversation_id,
+        turn_index=r.turn_index,
+        output_token_ids=r.output_token_ids,
+    )
 
 
 def build_workload(
