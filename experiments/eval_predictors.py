@@ -1,6 +1,7 @@
 """Train the learned output-length predictor and evaluate every predictor on held-out ShareGPT.
 
     python -m experiments.eval_predictors [--quick] [--out DIR] [--seed 0] [--threads 1]
+                                          [--train-fraction 1.0]
 
 Requests are every answered turn of the packaged ShareGPT conversations (chat history as the
 prompt), split 80/20 by conversation (``predictors.dataset``). The predictors are built from
@@ -17,6 +18,8 @@ the baseline. Writes into OUT (default ``results/runs/eval_predictors``): ``lear
 (+ ``.json`` header), ``eval_predictors.json`` (everything), ``calibration_total.png``,
 ``calibration_remaining.png``, ``mae_remaining_vs_g.png``. Prints a table and, as its LAST line,
 one JSON object (keys in ``summary``). ``--quick`` uses 3,000 conversations (~30 s; full: ~5 min).
+``--train-fraction F`` fits on a seeded share ``F`` of the training conversations and tests on the
+same test split: a learning curve, i.e. what more data would buy.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -31,7 +35,7 @@ import yaml
 
 from horizon.workload import load_sharegpt, tokenize_corpus
 from predictors import make_predictor
-from predictors.dataset import SplitConfig, split_requests
+from predictors.dataset import RequestSplit, SplitConfig, split_by_conversation, split_requests
 from predictors.evaluation import mae_by_progress, remaining_cases, score
 
 REPO = Path(__file__).resolve().parents[1]
@@ -156,13 +160,19 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--threads", type=int, default=1, help="learned: OpenMP/BLAS threads")
     ap.add_argument("--step", type=int, default=16, help="remaining length every STEP tokens")
     ap.add_argument("--cache", default=str(REPO / "data" / "cache" / "sharegpt_qwen2.npz"))
+    ap.add_argument(
+        "--train-fraction",
+        type=float,
+        default=1.0,
+        help="fit on this share of the training conversations (seeded by --seed): a learning curve",
+    )
     args = ap.parse_args(argv)
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
 
     tokenized = tokenize_corpus(load_sharegpt(), args.cache)
     split_cfg = SplitConfig(seed=args.seed, max_conversations=3000 if args.quick else None)
-    split = split_requests(tokenized, split_cfg)
+    split = train_share(split_requests(tokenized, split_cfg), args.train_fraction, args.seed)
     configs = load_configs(args.threads)
     if LEARNED in configs:
         configs[LEARNED]["seed"] = args.seed
@@ -179,6 +189,18 @@ def main(argv: list[str] | None = None) -> dict:
     _print_table(rows)
     print(json.dumps(out))
     return out
+
+
+def train_share(split: RequestSplit, fraction: float, seed: int) -> RequestSplit:
+    """``split`` with its train part cut to a seeded ``fraction`` of its conversations (whole
+    conversations; the test part unchanged). ``info`` records the share and the count."""
+    if not 0 < fraction <= 1:
+        raise ValueError(f"--train-fraction must be in (0, 1], got {fraction!r}")
+    if fraction == 1:
+        return split
+    _, kept = split_by_conversation(split.train, fraction, seed)
+    info = {**split.info, "train_fraction": fraction, "train_requests": len(kept)}
+    return replace(split, train=tuple(kept), info=info)
 
 
 def _no_nan(x):  # noqa: ANN001, ANN202 - strict JSON: NaN (e.g. a constant's rho) -> null

@@ -110,6 +110,24 @@ def test_split_by_conversation_keeps_conversations_whole():
     assert 0.15 < len(held) / len(reqs) < 0.35
 
 
+def test_a_train_share_cuts_whole_training_conversations_and_keeps_the_test(split):
+    from experiments.eval_predictors import train_share
+
+    half = train_share(split, 0.5, seed=0)
+    assert half.test is split.test
+    convs = {r.conversation_id for r in split.train}
+    kept = {r.conversation_id for r in half.train}
+    assert kept < convs and 0.4 < len(kept) / len(convs) < 0.6
+    # whole conversations: every request of a kept conversation is kept
+    assert len(half.train) == sum(r.conversation_id in kept for r in split.train)
+    assert half.info["train_fraction"] == 0.5 and half.info["train_requests"] == len(half.train)
+    assert train_share(split, 0.5, seed=0).train == half.train  # seeded
+    assert train_share(split, 1.0, seed=0) is split
+    for bad in (0.0, 1.5):
+        with pytest.raises(ValueError, match="train-fraction"):
+            train_share(split, bad, seed=0)
+
+
 def test_split_config_checks():
     with pytest.raises(ValueError, match="test_fraction"):
         SplitConfig(test_fraction=1.0)
