@@ -167,6 +167,8 @@ def main(argv: list[str] | None = None) -> dict:
         help="fit on this share of the training conversations (seeded by --seed): a learning curve",
     )
     args = ap.parse_args(argv)
+    if not 0 < args.train_fraction <= 1:
+        ap.error(f"--train-fraction must be in (0, 1], got {args.train_fraction}")
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
 
