@@ -8,8 +8,8 @@ from how well a policy finds them online. For a run of the headline setting
 
 1. ranks the run's requests by KV token-steps, ``p * o + o**2 / 2`` for a prompt of ``p``
    tokens and a reply of ``o``: the blocks a request holds, summed over its decode steps. ``o``
-   is the true length (``--key true``) or the median the policy's own predictor gives at
-   arrival (``--key predicted``: what the policy knows when it decides to start a request);
+   is the true length (``--row POLICY:true``) or the median the policy's own predictor gives at
+   arrival (``--row POLICY:predicted``: what the policy knows when it decides to start one);
 2. takes the top ``fraction`` out of the run (they count as not good, as if served once the
    overload is over) and lets the policy serve the rest, unchanged;
 3. reports goodput over *all* the run's requests: ``good kept / n``.
