@@ -207,6 +207,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--override", action="append", default=[], help="extra hydra override")
     args = ap.parse_args(argv)
     rows = [_parse_row(r) for r in args.row] or list(ROWS)
+    bad = [f for f in args.fractions if not 0 <= f < 1]
+    if bad:
+        ap.error(f"--fractions must lie in [0, 1), got {bad}")
     plan: Plan = QUICK if args.quick else FULL
     start = time.perf_counter()
     register_configs()
