@@ -80,16 +80,16 @@ def token_steps(prompt: np.ndarray, output: np.ndarray) -> np.ndarray:
     return p * o + o * o / 2
 
 
-def shed(requests: Sequence[Request], cost: np.ndarray, fraction: float) -> tuple[Request, ...]:
-    """Fresh copies of ``requests`` without the ``floor(fraction * n)`` costliest.
+def shed(requests: Sequence[Request], dropped: np.ndarray) -> tuple[Request, ...]:
+    """Fresh copies of the ``requests`` not marked in ``dropped`` (``shed_mask``'s output).
 
-    Ties go to the later request (the earlier stays). The kept requests keep their order and
-    arrival times and are renumbered ``0..k-1`` (a workload's ids are its indices).
+    The kept requests keep their order and arrival times and are renumbered ``0..k-1`` (a
+    workload's ids are its indices).
     """
-    cost = np.asarray(cost, dtype=np.float64)
-    if cost.shape != (len(requests),):
-        raise ValueError(f"shed: {cost.shape} costs for {len(requests)} requests")
-    kept = np.flatnonzero(~shed_mask(cost, fraction))
+    dropped = np.asarray(dropped, dtype=bool)
+    if dropped.shape != (len(requests),):
+        raise ValueError(f"shed: a mask of {dropped.shape} for {len(requests)} requests")
+    kept = np.flatnonzero(~dropped)
     return tuple(fresh_copy(requests[int(i)], j) for j, i in enumerate(kept))
 
 
@@ -148,8 +148,8 @@ class ShedRunner:
         cost = true_cost if key == "true" else token_steps(prompt, self._medians(cfg, requests))
         out = []
         for f in fractions:
-            kept = shed(requests, cost, f)
             dropped = shed_mask(cost, f)
+            kept = shed(requests, dropped)
             result = simulate(cfg, _with(workload, kept), build_components(cfg, sources))
             self.runner.runs += 1
             good = int(goodput.lifetime_good(result.records).sum())
@@ -165,12 +165,13 @@ class ShedRunner:
         return out
 
     def _medians(self, cfg, requests: Sequence[Request]) -> np.ndarray:  # noqa: ANN001
-        predictor = build_components(cfg, self.runner.sources).predictor
-        if predictor is None:
+        pred_cfg = cfg.policy.predictor_config
+        if pred_cfg is None:
             raise ValueError(
                 f"shedding_reference: policy {cfg.policy.name!r} has no predictor; "
-                "rank it by --key true"
+                "rank it by true sizes (--row POLICY:true)"
             )
+        predictor = self.runner.sources.predictor(pred_cfg, cfg.workload)
         prepare = getattr(predictor, "prepare", None)
         if prepare is not None:
             prepare(requests)
