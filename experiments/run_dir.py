@@ -64,6 +64,8 @@ def run_identity(cfg: RunConfig, parts: Components) -> dict:
         "backend": cfg.backend.name,
         "cost_model": cfg.backend.cost_model,
         "cost_model_options": dict(cfg.backend.cost_model_options),
+        # the fitted model's files and their SHA-256 (engine_fitted: fitted once per file)
+        "cost_model_provenance": getattr(parts.cost_model, "provenance", None),
         "step_mode": cfg.backend.step_mode,
         "max_time": cfg.backend.max_time,
         "conversations": cfg.workload.conversations,

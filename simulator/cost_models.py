@@ -5,7 +5,7 @@ from __future__ import annotations
 from horizon.model_shape import ModelShape
 from horizon.registry import Registry
 from simulator.cost_model import CostModel, RooflineCostModel
-from simulator.engine_cost_model import EngineCostModel
+from simulator.cost_model_artifact import load_fitted
 from simulator.fitted_cost_model import FittedCostModel
 from simulator.gpu import GpuSpec
 
@@ -26,10 +26,11 @@ def _engine_fitted(
     noise_block_steps: int = 2000,
 ) -> CostModel:
     """``engine_fitted``: fitted to an engine's online steps (``experiments.fidelity compare``
-    writes the file), measured on ``gpu`` for ``shape`` (checked). ``noise_seed``: time steps
+    writes the file), measured on ``gpu`` for ``shape`` (checked); fitted once per file
+    (``simulator.cost_model_artifact``). ``noise_seed``: time steps
     with a seeded block resampling of the measured scatter (``NoisyStepCost``, blocks of
     ``noise_block_steps`` decode steps); None: deterministic."""
-    model = EngineCostModel.from_file(path)
+    model = load_fitted(path, residuals=noise_seed is not None)
     for key, want in (("model", shape.name), ("gpu", gpu.name)):
         got = str(model.meta.get(key, ""))
         if got and want not in got:

@@ -228,6 +228,8 @@ class EngineCostModel:
     # measured / modelled time of every fitted step, per regime (decode-only, mixed), in the
     # order measured: the empirical step-time noise ``with_noise`` resamples
     residuals: tuple[np.ndarray, np.ndarray] | None = field(default=None, compare=False, repr=False)
+    # where it came from (``simulator.cost_model_artifact``): files and their SHA-256
+    provenance: dict | None = field(default=None, compare=False)
 
     @classmethod
     def fit(  # noqa: ANN206
@@ -250,7 +252,7 @@ class EngineCostModel:
             raise ValueError(f"knee must be a positive int, None or 'search', got {knee!r}")
         mixed, dec, mix = features(rows, buckets, knee)
         y = rows[:, -1]
-        coefs, residuals = [], []
+        coefs = []
         k = len(buckets.decode)
         for sel, x, name in ((~mixed, dec, "decode-only"), (mixed, mix, "mixed")):
             if sel.sum() < 20:
@@ -263,10 +265,21 @@ class EngineCostModel:
                 c[used] = _fit_mape(x[sel][:, used], y[sel])
                 c = _fill_intercepts(c, used[:k], buckets.decode)
             coefs.append(tuple(float(v) for v in c))
-            residuals.append(y[sel] / np.maximum(x[sel] @ c, 1e-6))
-        return cls(
-            coefs[0], coefs[1], buckets, knee, dict(meta or {}), (residuals[0], residuals[1])
+        return cls(coefs[0], coefs[1], buckets, knee, dict(meta or {})).with_residuals(rows)
+
+    def with_residuals(self, rows: np.ndarray) -> EngineCostModel:
+        """This model keeping the measured/modelled ratio of every step of ``rows`` (its
+        calibration steps, in the order measured): what ``with_noise`` resamples. A model
+        loaded from its fit artifact (``simulator.cost_model_artifact``) has none until this is
+        called with its calibration file's rows."""
+        rows = rows[(rows[:, 0] + rows[:, 1]) > 0]
+        mixed, dec, mix = features(rows, self.buckets, self.knee)
+        y = rows[:, -1]
+        dec_r, mix_r = (
+            y[sel] / np.maximum(x[sel] @ np.asarray(c, dtype=np.float64), 1e-6)
+            for sel, x, c in ((~mixed, dec, self.decode_coef), (mixed, mix, self.mixed_coef))
         )
+        return replace(self, residuals=(dec_r, mix_r))
 
     def scaled(self, factor: float) -> EngineCostModel:
         """This model with every step ``factor`` times as long (a uniform bias: how far a
@@ -368,6 +381,7 @@ class NoisyStepCost:
         if not (isinstance(block_steps, int) and block_steps >= 1):
             raise ValueError(f"block_steps must be an int >= 1, got {block_steps!r}")
         self.model = model
+        self.provenance = model.provenance
         self.seed = seed
         self.block_steps = block_steps
         self._rng = np.random.default_rng(seed)
