@@ -14,7 +14,8 @@ import argparse
 from collections.abc import Sequence
 from pathlib import Path
 
-from experiments.figures import choose_rate, goodput_figure, latency_cdf_figure
+from experiments.figures import choose_rate, goodput_figure
+from experiments.latency_figure import latency_cdf_figure
 from experiments.results import load_results, settings
 from experiments.table import write_table
 

@@ -1,0 +1,101 @@
+"""The words on a sweep's figures: where the numbers come from, the setting, the runs, the SLO.
+
+A reader must not take a simulated figure for a measured one, nor one goodput for the other, so
+every title reads, line by line::
+
+    Simulated (engine-fitted cost model): qwen2.5-7b on H200, 3,000 KV blocks, workload ...,
+    3 seeds × 5,000 requests per point
+    SLO h200_7b: TTFT ≤ 1 s and every ITL ≤ 50 ms (lifetime goodput)
+    <what the figure shows>
+
+The first word comes from the run's summary: ``run.backend`` is ``sim`` for the SimPy twin
+(``experiments.run``, with ``run.cost_model`` naming its cost model) and ``engine`` for runs
+measured on the GPU and brought back by ``python -m experiments.engine_runs import`` (whose
+``cost_model`` is ``measured``).
+"""
+
+from __future__ import annotations
+
+import re
+
+import pandas as pd
+
+SIMULATED, ENGINE = "Simulated", "Engine"
+_SOURCES = {"sim": SIMULATED, "engine": ENGINE}
+_COST_MODELS = {
+    "roofline": "roofline cost model",
+    "fitted": "profiler-fitted cost model",
+    "engine_fitted": "engine-fitted cost model",
+}
+
+
+def source(setting: dict) -> str:
+    """``Simulated (<cost model>)`` or ``Engine (measured on the GPU)``, from the setting's
+    ``backend`` and ``cost_model``; raises ``ValueError`` for any other backend."""
+    backend = setting["backend"]
+    if backend not in _SOURCES:
+        known = ", ".join(_SOURCES)
+        raise ValueError(f"run backend must be one of {known} to be plotted, got {backend!r}")
+    if _SOURCES[backend] == ENGINE:
+        return f"{ENGINE} (measured on the GPU)"
+    cost = setting["cost_model"]
+    return f"{SIMULATED} ({_COST_MODELS.get(cost, f'{cost} cost model')})"
+
+
+def slo_text(setting: dict) -> str:
+    """``SLO <name>: TTFT ≤ 1 s and every ITL ≤ 50 ms (lifetime goodput)``."""
+    return f"SLO {setting['slo_name']}: {lifetime_slo_text(setting)} (lifetime goodput)"
+
+
+def lifetime_slo_text(setting: dict) -> str:
+    """The SLO as lifetime goodput counts it: the first token and every gap after it."""
+    return f"TTFT ≤ {setting['slo_ttft']:g} s and every ITL ≤ {setting['slo_itl'] * 1e3:g} ms"
+
+
+def tpot_slo_text(setting: dict) -> str:
+    """The SLO as TPOT goodput (vLLM's ``--goodput``) counts it: the mean gap, not every gap."""
+    return f"TTFT ≤ {setting['slo_ttft']:g} s and mean TPOT ≤ {setting['slo_itl'] * 1e3:g} ms"
+
+
+def runs_text(rows: pd.DataFrame, num_requests: int) -> str:
+    """``3 seeds × 5,000 requests``: the seeds of each (policy, rate) point (a range where the
+    points differ) times the requests of each run."""
+    per_point = rows.groupby(["policy", "rate"])["seed"].nunique()
+    lo, hi = int(per_point.min()), int(per_point.max())
+    seeds = f"{lo}" if lo == hi else f"{lo}-{hi}"
+    return f"{seeds} seed{'' if hi == 1 else 's'} × {int(num_requests):,} requests"
+
+
+def caption(setting: dict, rows: pd.DataFrame, what: str) -> str:
+    """The three-line title of a figure of ``rows`` (one setting's runs) showing ``what``."""
+    where = (
+        f"{setting['model']} on {setting['gpu']}, {int(setting['num_blocks']):,} KV blocks, "
+        f"workload {setting['workload']}, {runs_text(rows, setting['num_requests'])}"
+    )
+    return f"{source(setting)}: {where}\n{slo_text(setting)}\n{what}"
+
+
+def _split(label: str) -> tuple[str, str, str]:
+    """``name(options)[predictor]`` -> its three parts (each may be empty but the name)."""
+    m = re.fullmatch(r"([^(\[]+)(\([^)]*\))?(\[.*\])?", label)
+    if m is None:
+        return label, "", ""
+    return m.group(1), m.group(2) or "", m.group(3) or ""
+
+
+def legend_label(policy: str, policies: list[str]) -> str:
+    """``policy`` without its options when every policy of its name has the same ones and they
+    differ only by predictor (the options then go in a footnote, ``shared_options``)."""
+    name, opts, pred = _split(policy)
+    same = {_split(p)[1] for p in policies if _split(p)[0] == name}
+    return f"{name}{pred}" if opts and pred and len(same) == 1 else policy
+
+
+def shared_options(policies: list[str]) -> str:
+    """The options ``legend_label`` left out, per policy name (``""`` if none)."""
+    seen: dict[str, set[str]] = {}
+    for p in policies:
+        name, opts, pred = _split(p)
+        if opts and pred:
+            seen.setdefault(name, set()).add(opts)
+    return "; ".join(f"{n}{next(iter(o))}" for n, o in sorted(seen.items()) if len(o) == 1)

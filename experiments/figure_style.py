@@ -1,0 +1,49 @@
+"""One look for every sweep figure: size, fonts, colours, and how a figure is saved.
+
+Figures are ``matplotlib.figure.Figure`` objects on the Agg canvas: no pyplot, no global backend
+or rcParams state; every size is passed where it is used.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+from matplotlib.axes import Axes
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+WIDTH = 10.0  # inches: two panels side by side
+DPI = 130
+TITLE_SIZE = 9.0
+LABEL_SIZE = 9.0
+TICK_SIZE = 8.0
+LEGEND_SIZE = 8.0
+
+
+def new_figure(height: float) -> Figure:
+    """A ``WIDTH`` x ``height`` inch figure with constrained layout (legends outside fit)."""
+    fig = Figure(figsize=(WIDTH, height), layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def style_axes(ax: Axes, xlabel: str, ylabel: str | None = None) -> None:
+    """Axis labels, tick sizes and a light grid."""
+    ax.set_xlabel(xlabel, fontsize=LABEL_SIZE)
+    if ylabel is not None:
+        ax.set_ylabel(ylabel, fontsize=LABEL_SIZE)
+    ax.tick_params(labelsize=TICK_SIZE)
+    ax.grid(alpha=0.3, which="major")
+
+
+def colors(n: int) -> list:
+    """``n`` distinguishable colours (tab10, then tab20 for larger sets)."""
+    cmap = matplotlib.colormaps["tab10" if n <= 10 else "tab20"]
+    return [cmap(i % cmap.N) for i in range(n)]
+
+
+def save(fig: Figure, path: Path) -> Path:
+    """Write ``fig`` as a PNG at ``DPI``; returns ``path``."""
+    fig.savefig(path, dpi=DPI)
+    return path
