@@ -67,12 +67,15 @@ def runs_text(rows: pd.DataFrame, num_requests: int) -> str:
 
 
 def caption(setting: dict, rows: pd.DataFrame, what: str) -> str:
-    """The three-line title of a figure of ``rows`` (one setting's runs) showing ``what``."""
+    """The three-line title of a figure of ``rows`` (one setting's runs) showing ``what``; the
+    options the legend leaves out (``legend_label``) follow ``what``."""
     where = (
         f"{setting['model']} on {setting['gpu']}, {int(setting['num_blocks']):,} KV blocks, "
         f"workload {setting['workload']}, {runs_text(rows, setting['num_requests'])}"
     )
-    return f"{source(setting)}: {where}\n{slo_text(setting)}\n{what}"
+    shared = shared_options(sorted(rows["policy"].unique()))
+    options = f" (options of every {shared})" if shared else ""
+    return f"{source(setting)}: {where}\n{slo_text(setting)}\n{what}{options}"
 
 
 def _split(label: str) -> tuple[str, str, str]:
@@ -83,19 +86,34 @@ def _split(label: str) -> tuple[str, str, str]:
     return m.group(1), m.group(2) or "", m.group(3) or ""
 
 
+def _options(opts: str) -> list[str]:
+    """``(a=1, b=x)`` -> ``["a=1", "b=x"]`` (split before each ``key=``)."""
+    return [o for o in re.split(r",\s*(?=\w+=)", opts[1:-1]) if o] if opts else []
+
+
+def _common_options(policies: list[str]) -> dict[str, list[str]]:
+    """Per policy name run with several labels, the options every one of them has."""
+    by_name: dict[str, list[list[str]]] = {}
+    for p in policies:
+        name, opts, _ = _split(p)
+        by_name.setdefault(name, []).append(_options(opts))
+    return {
+        name: [o for o in runs[0] if all(o in r for r in runs[1:])]
+        for name, runs in by_name.items()
+        if len(runs) > 1
+    }
+
+
 def legend_label(policy: str, policies: list[str]) -> str:
-    """``policy`` without its options when every policy of its name has the same ones and they
-    differ only by predictor (the options then go in a footnote, ``shared_options``)."""
+    """``policy`` without the options every policy of its name among ``policies`` shares (they
+    go in the title, ``shared_options``): ``horizon(triage=False)[learned]``."""
     name, opts, pred = _split(policy)
-    same = {_split(p)[1] for p in policies if _split(p)[0] == name}
-    return f"{name}{pred}" if opts and pred and len(same) == 1 else policy
+    common = _common_options(policies).get(name, [])
+    rest = [o for o in _options(opts) if o not in common]
+    return f"{name}({', '.join(rest)}){pred}" if rest else f"{name}{pred}"
 
 
 def shared_options(policies: list[str]) -> str:
     """The options ``legend_label`` left out, per policy name (``""`` if none)."""
-    seen: dict[str, set[str]] = {}
-    for p in policies:
-        name, opts, pred = _split(p)
-        if opts and pred:
-            seen.setdefault(name, set()).add(opts)
-    return "; ".join(f"{n}{next(iter(o))}" for n, o in sorted(seen.items()) if len(o) == 1)
+    common = _common_options(policies)
+    return "; ".join(f"{n}: {', '.join(o)}" for n, o in sorted(common.items()) if o)

@@ -19,10 +19,12 @@ TITLE_SIZE = 9.0
 LABEL_SIZE = 9.0
 TICK_SIZE = 8.0
 LEGEND_SIZE = 8.0
+_LEGEND_CHARS = 150  # characters of LEGEND_SIZE text across WIDTH, handles included
 
 
 def new_figure(height: float) -> Figure:
-    """A ``WIDTH`` x ``height`` inch figure with constrained layout (legends outside fit)."""
+    """A ``WIDTH`` x ``height`` inch figure with constrained layout (``height``: the panels and
+    titles; ``legend_below`` adds its own)."""
     fig = Figure(figsize=(WIDTH, height), layout="constrained")
     FigureCanvasAgg(fig)
     return fig
@@ -35,6 +37,20 @@ def style_axes(ax: Axes, xlabel: str, ylabel: str | None = None) -> None:
         ax.set_ylabel(ylabel, fontsize=LABEL_SIZE)
     ax.tick_params(labelsize=TICK_SIZE)
     ax.grid(alpha=0.3, which="major")
+
+
+def legend_below(fig: Figure, ax: Axes, title: str) -> None:
+    """``ax``'s legend entries under the panels, as many columns as their labels' length allows
+    across the figure; the figure grows by the legend's rows (the panels keep their height)."""
+    handles, labels = ax.get_legend_handles_labels()
+    longest = max((len(label) for label in labels), default=1)
+    ncols = max(1, min(len(labels), 4, _LEGEND_CHARS // (longest + 8)))
+    rows = -(-len(labels) // ncols)
+    fig.set_figheight(fig.get_figheight() + 0.45 + 0.17 * rows)
+    fig.legend(
+        handles, labels, title=title, title_fontsize=LEGEND_SIZE, fontsize=LEGEND_SIZE,
+        loc="outside lower center", ncols=ncols,
+    )  # fmt: skip
 
 
 def colors(n: int) -> list:

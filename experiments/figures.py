@@ -19,10 +19,9 @@ from experiments.figure_caption import (
     caption,
     legend_label,
     lifetime_slo_text,
-    shared_options,
     tpot_slo_text,
 )
-from experiments.figure_style import LEGEND_SIZE, TITLE_SIZE, colors, new_figure, save, style_axes
+from experiments.figure_style import TITLE_SIZE, colors, legend_below, new_figure, save, style_axes
 
 GOOD_SHARE = 0.5  # the CDFs' default load: the highest where a policy keeps this goodput
 METRICS = ("goodput_lifetime", "goodput_tpot")
@@ -58,7 +57,7 @@ def draw_goodput(setting: dict, rows: pd.DataFrame) -> Figure:
     policies = sorted(rows["policy"].unique())
     palette = colors(len(policies))
     single_load = rows["rate"].nunique() == 1
-    fig = new_figure(4.2 + (0 if single_load else 0.15 * len(policies)))
+    fig = new_figure(4.0)
     axes = fig.subplots(1, 2, sharey=True)
     titles = (
         f"lifetime goodput: {lifetime_slo_text(setting)}",
@@ -84,13 +83,9 @@ def draw_goodput(setting: dict, rows: pd.DataFrame) -> Figure:
         else:
             style_axes(ax, "load (requests/s, Poisson arrivals)")
     axes[0].set_ylabel("share of arrived requests that are good", fontsize=TITLE_SIZE)
-    _legend(fig, axes[0], rows, len(policies))
+    _legend(fig, axes[0], rows)
     what = "goodput vs load" if not single_load else f"goodput at {rates[0]:g} req/s"
-    shared = shared_options(policies)
-    fig.suptitle(
-        caption(setting, rows, what + (f" (options of every {shared})" if shared else "")),
-        fontsize=TITLE_SIZE,
-    )
+    fig.suptitle(caption(setting, rows, what), fontsize=TITLE_SIZE)
     return fig
 
 
@@ -117,18 +112,11 @@ def _policy_axis(ax: Axes, labels: list[str], rate: float) -> None:
     style_axes(ax, f"policy (every run at {rate:g} requests/s)")
 
 
-def _legend(fig: Figure, ax: Axes, rows: pd.DataFrame, n: int) -> None:
+def _legend(fig: Figure, ax: Axes, rows: pd.DataFrame) -> None:
     loads = rows.groupby("policy")["rate"].nunique()
     parts = []
     if (loads > 1).any():
         parts.append("line: mean over seeds, band: min-max")
     if (loads == 1).any():
         parts.append("at one load: ◆ mean, bar: min-max over seeds, ○ each seed")
-    fig.legend(
-        *ax.get_legend_handles_labels(),
-        title="policy (" + "; ".join(parts) + ")",
-        title_fontsize=LEGEND_SIZE,
-        fontsize=LEGEND_SIZE,
-        loc="outside lower center",
-        ncols=min(n, 4),
-    )
+    legend_below(fig, ax, "policy (" + "; ".join(parts) + ")")

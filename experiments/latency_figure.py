@@ -18,10 +18,10 @@ from matplotlib.ticker import FuncFormatter, NullLocator
 
 from experiments.figure_caption import caption, legend_label
 from experiments.figure_style import (
-    LEGEND_SIZE,
     TICK_SIZE,
     TITLE_SIZE,
     colors,
+    legend_below,
     new_figure,
     save,
     style_axes,
@@ -49,7 +49,7 @@ def draw_latency_cdf(setting: dict, rows: pd.DataFrame, rate: float, why: str) -
         raise ValueError(f"no runs at rate {rate:g}; rates: {known}")
     policies = sorted(at_rate["policy"].unique())
     palette = colors(len(policies))
-    fig = new_figure(4.4)
+    fig = new_figure(4.0)
     ax_ttft, ax_itl = fig.subplots(1, 2)
     ttfts, itls = [], []
     for policy, color in zip(policies, palette, strict=True):
@@ -68,14 +68,7 @@ def draw_latency_cdf(setting: dict, rows: pd.DataFrame, rate: float, why: str) -
     ax_ttft.set_ylim(0, 1.01)
     style_axes(ax_itl, "ITL: gap between tokens (ms, log scale)", "share of gaps ≤ x (logit scale)")
     _percent_logit_y(ax_itl)
-    fig.legend(
-        *ax_ttft.get_legend_handles_labels(),
-        title="policy",
-        title_fontsize=LEGEND_SIZE,
-        fontsize=LEGEND_SIZE,
-        loc="outside lower center",
-        ncols=min(len(policies), 4),
-    )
+    legend_below(fig, ax_ttft, "policy")
     what = f"TTFT and ITL CDFs at {rate:g} req/s ({why}; seeds pooled)"
     fig.suptitle(caption(setting, at_rate, what), fontsize=TITLE_SIZE)
     return fig

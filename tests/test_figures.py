@@ -163,3 +163,21 @@ def test_choose_rate_skips_oracles_unless_alone():
     rate, why = choose_rate(pd.concat([rows, oracle]))
     assert rate == 100.0 and "deployable" in why  # fcfs 0.65 at 100, 0.4 at 200
     assert choose_rate(oracle)[0] == 200.0
+
+
+def test_legend_leaves_options_every_policy_of_a_name_shares_to_the_title():
+    policies = [
+        "fcfs",
+        "horizon(headroom=0.05, triage=False)[learned]",
+        "horizon(headroom=0.05, triage=True)[oracle]",
+        "sjf_prompt(aging_tokens_per_s=100)",
+    ]
+    fig = draw_goodput(SIM, frame([10, 20], [0], policies))
+    labels = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert labels == [
+        "fcfs",
+        "horizon(triage=False)[learned]",
+        "horizon(triage=True)[oracle]",
+        "sjf_prompt(aging_tokens_per_s=100)",  # alone of its name: nothing to share
+    ]
+    assert "(options of every horizon: headroom=0.05)" in fig.get_suptitle()
