@@ -34,9 +34,13 @@ Scalars: num_kv_blocks, block_size.
 from __future__ import annotations
 
 import hashlib
+import json
 from dataclasses import dataclass, fields
+from typing import Any
 
 import numpy as np
+
+from horizon.metrics.column_codec import decode_columns, encode_columns
 
 STATUS_FINISHED = 0
 STATUS_REJECTED = 1
@@ -51,6 +55,13 @@ STEP_PLAN_COLUMNS = (
     "num_refreshed",
     "num_preempted",  # records v4
 )
+
+# The .npz layout save_npz writes (a scalar "format" in the file; files without one are format 1,
+# every column as it is). Format 2: column_codec encodings, their plan as JSON in "codecs".
+NPZ_FORMAT = 2
+# Float columns whose every value is one of another's: a token is out when its step ends, and a
+# request is first admitted when a step is planned.
+NPZ_REFERENCES = {"token_times": "step_end", "first_admit_time": "step_start"}
 
 
 @dataclass(frozen=True, eq=False)
@@ -112,17 +123,40 @@ class RunRecords:
 
     def save_npz(self, path: str) -> None:
         """Every field into one compressed ``.npz`` (numpy only: what a GPU machine without
-        pyarrow writes; ``experiments.records_io`` turns it into the Parquet run layout)."""
+        pyarrow writes; ``experiments.records_io`` turns it into the Parquet run layout).
+
+        Written in ``NPZ_FORMAT``: each column in the most compact of ``column_codec``'s
+        lossless encodings (a token's time as the index of the step whose end it is), so that
+        ``load_npz`` gives back records of the same ``digest``."""
         arrays = {f.name: getattr(self, f.name) for f in fields(self)}
         arrays["reject_reason"] = np.array(self.reject_reason, dtype=str)
         arrays["num_kv_blocks"] = np.array(self.num_kv_blocks)
         arrays["block_size"] = np.array(self.block_size)
-        np.savez_compressed(path, **arrays)
+        stored, plan = encode_columns(arrays, NPZ_REFERENCES)
+        members: dict[str, Any] = {
+            "format": np.array(NPZ_FORMAT),
+            "codecs": np.array(json.dumps(plan, sort_keys=True)),
+            **stored,
+        }
+        np.savez_compressed(path, **members)
 
     @classmethod
     def load_npz(cls, path: str) -> RunRecords:
+        """Records from a ``save_npz`` file of any format so far (1: every column as it is).
+
+        Raises:
+            ValueError: the file's format is newer than this code.
+        """
         with np.load(path, allow_pickle=False) as z:
-            kw = {f.name: z[f.name] for f in fields(cls) if f.name in z}
+            version = int(z["format"]) if "format" in z else 1
+            if version == 1:
+                kw = {f.name: z[f.name] for f in fields(cls) if f.name in z}
+            elif version == NPZ_FORMAT:
+                kw = decode_columns({k: z[k] for k in z.files}, json.loads(str(z["codecs"])))
+            else:
+                raise ValueError(
+                    f"{path}: records format {version} unknown (this code reads 1 to {NPZ_FORMAT})"
+                )
         steps = len(kw["step_end"])
         for name in STEP_PLAN_COLUMNS:  # files from before these columns: unknown
             kw.setdefault(name, np.full(steps, -1, dtype=np.int64))
