@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from experiments.run_dir import RECORDS, find_run_dirs, read_summary
+from experiments.run_dir import RECORDS
+from experiments.sweep_table import find_runs
 
 SETTING = (
     "workload",
@@ -28,15 +29,15 @@ SETTING = (
 
 
 def load_results(paths: Iterable[str | Path]) -> pd.DataFrame:
-    """One row per run found under ``paths`` (see ``run_dir.find_run_dirs``).
+    """One row per run found under ``paths``: run directories and packed sweep tables
+    (``sweep_table.find_runs``; a packed run reads as the directory it was).
 
     Columns: the ``SETTING`` columns, ``policy`` (its label), ``oracle`` (the policy reads true
     output lengths), ``rate``, ``seed``, ``wall_s``,
     ``run_dir``, ``records_dir`` and every metric of the summary.
     """
     rows = []
-    for run_dir in find_run_dirs(list(paths)):
-        s = read_summary(run_dir)
+    for run_dir, s in find_runs(paths):
         run = s["run"]
         rows.append(
             {
