@@ -5,9 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from experiments.config import ModelConfig, RunConfig
+from experiments.policy_factory import build_policy
 from experiments.workloads import DataSources
 from horizon.model_shape import ModelShape, model_shape
-from horizon.policies import Policy, make_policy
+from horizon.policies import Policy
 from horizon.request import SLO
 from horizon.scheduler_config import SchedulerConfig
 from simulator import CostModel, GpuSpec, gpu_spec, make_cost_model
@@ -51,20 +52,16 @@ def build_components(cfg: RunConfig, sources: DataSources | None = None) -> Comp
     """
     shape, gpu = model_shape(cfg.model.shape), gpu_spec(cfg.model.gpu)
     num_blocks = kv_num_blocks(cfg.model, cfg.scheduler.block_size)
-    predictor = None
-    options = dict(cfg.policy.options)
-    pred_cfg = cfg.policy.predictor_config
-    if pred_cfg is not None:
-        sources = sources or DataSources(cfg.data)
-        predictor = sources.predictor(pred_cfg, cfg.workload)
-        options["predictor"] = predictor
-        options.setdefault("ttft_slo", cfg.slo.ttft)
+    data = sources or DataSources(cfg.data)
+    built = build_policy(
+        cfg.policy, cfg.slo.ttft, predictor_for=lambda p: data.predictor(p, cfg.workload)
+    )
     return Components(
         shape=shape,
         gpu=gpu,
-        predictor=predictor,
+        predictor=built.predictor,
         scheduler=cfg.scheduler.scheduler_config(num_blocks, cfg.backend.step_mode),
-        policy=make_policy(cfg.policy.name, **options),
+        policy=built.policy,
         cost_model=make_cost_model(
             cfg.backend.cost_model, shape=shape, gpu=gpu, **cfg.backend.cost_model_options
         ),

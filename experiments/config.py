@@ -7,7 +7,8 @@ computed by functions elsewhere and never written back here.
 
 Each group of ``configs/`` maps onto one class:
 
-    policy/     PolicyConfig     a registered policy and its options
+    policy/     PolicyConfig     a policy (registered or one's own) and its options
+                                 (``policy_config.py``)
     workload/   WorkloadSpec     a workload recipe (horizon's WorkloadConfig minus rate/seed/size)
     model/      ModelConfig      a model shape on a GPU, and its KV budget
     slo/        SLOPreset        latency targets for one model shape on one GPU
@@ -22,8 +23,8 @@ import math
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from experiments.policy_config import PolicyConfig
 from horizon.model_shape import model_shape
-from horizon.policies import make_policy
 from horizon.request import SLO
 from horizon.scheduler_config import SchedulerConfig
 from horizon.workload import WorkloadConfig
@@ -31,89 +32,6 @@ from simulator import gpu_spec
 
 BACKENDS = ("sim",)
 STEP_MODES = ("event", "reference")
-
-
-@dataclass(frozen=True)
-class PredictorConfig:
-    """An output-length predictor by registry name (``predictors/``), with its options.
-
-    Predictors that learn (``mean``, ``prompt_length``, ``learned``) are fitted on the *train*
-    conversations of the workload's split (``workload.split_seed``, ``split_test_fraction``), so
-    the workload must draw from the held-out ones (``workload.conversations: held_out``).
-    ``artifact``: for ``learned``, the model file: loaded if it exists, else trained once and
-    saved there (its path is written into every run's summary).
-    """
-
-    name: str
-    options: dict[str, Any] = field(default_factory=dict)
-    artifact: str | None = None
-
-    def __post_init__(self) -> None:
-        from predictors import predictor_names
-
-        if self.name not in predictor_names():
-            raise ValueError(
-                f"unknown predictor {self.name!r}; known: {', '.join(predictor_names())}"
-            )
-        if self.artifact is not None and self.name != "learned":
-            raise ValueError(f"predictor.artifact is for 'learned' only, not {self.name!r}")
-
-    @property
-    def learns(self) -> bool:
-        return self.name in ("mean", "prompt_length", "learned")
-
-    @property
-    def label(self) -> str:
-        return _labelled(self.name, self.options)
-
-
-@dataclass(frozen=True)
-class PolicyConfig:
-    """A policy by registry name, with its keyword options (e.g. sjf_prompt's aging), and the
-    length predictor of a policy that takes one (``horizon``)."""
-
-    name: str
-    options: dict[str, Any] = field(default_factory=dict)
-    # the ``PredictorConfig`` fields, kept as a mapping so that Hydra can merge into it (its
-    # frozen node would be read-only); ``predictor_config`` is the typed, checked object
-    predictor: dict[str, Any] | None = None
-
-    @property
-    def predictor_config(self) -> PredictorConfig | None:
-        if self.predictor is None:
-            return None
-        try:
-            return PredictorConfig(**self.predictor)
-        except TypeError as e:
-            raise ValueError(f"policy.predictor: {e}") from None
-
-    def __post_init__(self) -> None:
-        from predictors import make_predictor
-
-        self.predictor_config  # noqa: B018 - PredictorConfig's own checks
-        if self.name == "horizon":
-            if self.predictor is None:
-                raise ValueError("policy 'horizon' needs a predictor (policy.predictor.name=...)")
-            # the registry's ValueError for bad options (a stand-in predictor for the check)
-            make_policy(self.name, predictor=make_predictor("oracle"), **self.options)
-        else:
-            if self.predictor is not None:
-                raise ValueError(f"policy {self.name!r} takes no predictor")
-            make_policy(self.name, **self.options)  # ValueError for a bad name/option
-
-    @property
-    def label(self) -> str:
-        """``name``, or ``name(k=v, ...)`` when options are set, and ``[predictor]``."""
-        label = _labelled(self.name, self.options)
-        pred = self.predictor_config
-        return f"{label}[{pred.label}]" if pred is not None else label
-
-
-def _labelled(name: str, options: dict[str, Any]) -> str:
-    if not options:
-        return name
-    opts = ", ".join(f"{k}={_short(v)}" for k, v in sorted(options.items()) if k != "threads")
-    return f"{name}({opts})" if opts else name
 
 
 @dataclass(frozen=True)
@@ -347,10 +265,6 @@ class SweepConfig(RunConfig):
         """The run part, with ``changes`` (e.g. rate=, seed=) applied and checked."""
         run = {f.name: getattr(self, f.name) for f in fields(RunConfig)}
         return RunConfig(**{**run, **changes})
-
-
-def _short(v: object) -> str:
-    return f"{v:g}" if isinstance(v, float) else str(v)
 
 
 def _check_int(name: str, v: object, minimum: int) -> None:

@@ -22,24 +22,27 @@ ROLES = ("calibration", "fidelity", "golden", "headline")
 
 @dataclass(frozen=True)
 class PolicySpec:
-    """A policy as the registry builds it: ``make_policy(name, **options)``, plus a predictor
-    by registry name and options (the policy gets ``ttft_slo`` from the manifest's SLO)."""
+    """A policy as a manifest stores it: a ``PolicyConfig`` whose predictor needs no training
+    on the engine's machine (an oracle, or ``prepared`` predictions), flattened to JSON."""
 
     name: str
     options: dict = field(default_factory=dict)
     predictor: str | None = None
     predictor_options: dict = field(default_factory=dict)
 
-    def build(self, ttft_slo: float):  # noqa: ANN201 - a horizon Policy
-        from horizon.policies import make_policy
+    def config(self):  # noqa: ANN201 - an experiments.policy_config.PolicyConfig
+        from experiments.policy_config import PolicyConfig
 
-        options = dict(self.options)
+        predictor = None
         if self.predictor is not None:
-            from predictors import make_predictor
+            predictor = {"name": self.predictor, "options": dict(self.predictor_options)}
+        return PolicyConfig(self.name, dict(self.options), predictor)
 
-            options["predictor"] = make_predictor(self.predictor, **self.predictor_options)
-            options.setdefault("ttft_slo", ttft_slo)
-        return make_policy(self.name, **options)
+    def build(self, ttft_slo: float):  # noqa: ANN201 - a horizon Policy
+        """A fresh policy, by the one factory (``experiments.policy_factory``)."""
+        from experiments.policy_factory import build_policy, ready_predictor
+
+        return build_policy(self.config(), ttft_slo, ready_predictor).policy
 
 
 @dataclass(frozen=True)

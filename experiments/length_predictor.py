@@ -10,10 +10,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from experiments.config import PredictorConfig, WorkloadSpec
+from experiments.config import WorkloadSpec
+from experiments.policy_config import PredictorConfig
 from horizon.prediction import LengthPredictor
+from horizon.registry import takes
 from horizon.workload import TokenizedCorpus
-from predictors import make_predictor
+from predictors import PREDICTORS, make_predictor
 from predictors.dataset import SplitConfig, split_requests
 
 
@@ -35,24 +37,33 @@ def build_predictor(
         ValueError: a learning predictor without a ShareGPT corpus to train on.
     """
     options = dict(cfg.options)
-    if cfg.name == "learned":
+    if takes(PREDICTORS.resolve(cfg.name), "threads"):
         # one thread: the boosted models' OpenMP threads fight the simulator on small machines
         options.setdefault("threads", 1)
-        if cfg.artifact is not None and Path(cfg.artifact).exists():
-            p = make_predictor("learned", artifact=cfg.artifact, threads=options["threads"])
-            _check_split(p, cfg.artifact, split_config(workload))
-            return p
+    if cfg.artifact is not None and Path(cfg.artifact).exists():
+        p = load_saved(cfg, options.get("threads"))
+        _check_split(p, cfg.artifact, split_config(workload))
+        return p
     predictor = make_predictor(cfg.name, **options)
     if not cfg.learns:
         return predictor
     if tokenized is None:
-        raise ValueError(f"predictor {cfg.name!r} trains on ShareGPT: use a sharegpt workload")
+        raise ValueError(
+            f"policy.predictor: {cfg.name!r} trains on ShareGPT: use a sharegpt workload"
+        )
     split = split_requests(tokenized, split_config(workload))
     predictor.fit(split.train, data=split.info)
-    if cfg.name == "learned" and cfg.artifact is not None:
+    if cfg.artifact is not None:
         Path(cfg.artifact).parent.mkdir(parents=True, exist_ok=True)
         predictor.save(cfg.artifact)
     return predictor
+
+
+def load_saved(cfg: PredictorConfig, threads: int | None = None) -> LengthPredictor:
+    """``cfg``'s predictor loaded from its ``artifact`` (its settings are in the file; only
+    the run option ``threads`` applies)."""
+    extra = {} if threads is None else {"threads": threads}
+    return make_predictor(cfg.name, artifact=cfg.artifact, **extra)
 
 
 def _check_split(predictor: object, artifact: str, split: SplitConfig) -> None:

@@ -13,6 +13,7 @@ directories can be tabulated and plotted together.
 from __future__ import annotations
 
 import json
+import shutil
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -80,9 +81,25 @@ def write_run_dir(
     workload: Workload,
     result: RunResult,
 ) -> dict:
-    """Write ``directory`` (created if needed) and return the summary written."""
+    """Write ``directory`` and return the summary written.
+
+    A new directory appears whole or not at all (written as ``<name>.partial``, then renamed),
+    so a run that fails while writing leaves nothing named like a run; an existing one (hydra's
+    run directory, holding ``.hydra/``) is written into."""
     directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
+    if directory.exists():
+        return _write(directory, cfg, parts, workload, result)
+    partial = directory.with_name(directory.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)  # a leftover of a killed run
+    partial.mkdir(parents=True)
+    summary = _write(partial, cfg, parts, workload, result)
+    partial.rename(directory)
+    return summary
+
+
+def _write(
+    directory: Path, cfg: RunConfig, parts: Components, workload: Workload, result: RunResult
+) -> dict:
     write_records(result.records, directory / RECORDS)
     summary = {
         "run": run_identity(cfg, parts),
@@ -108,7 +125,7 @@ def find_run_dirs(paths: Iterable[str | Path]) -> list[Path]:
     for p in map(Path, paths):
         if not p.exists():
             raise FileNotFoundError(f"no such directory: {p}")
-        found.update(s.parent for s in p.rglob(SUMMARY))
+        found.update(s.parent for s in p.rglob(SUMMARY) if not s.parent.name.endswith(".partial"))
     if not found:
         raise ValueError(f"no {SUMMARY} under {', '.join(map(str, paths))}")
     return sorted(found)

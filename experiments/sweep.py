@@ -13,6 +13,7 @@ overrides given here apply to every run, except ``policy``, ``rate``, ``seed`` a
 
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
 
@@ -20,11 +21,16 @@ import hydra
 from hydra import compose
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
+from tqdm import tqdm
 
 from experiments.components import build_components
-from experiments.config import PolicyConfig, SweepConfig
+from experiments.config import SweepConfig
 from experiments.config_store import register_configs
+from experiments.errors import one_line
+from experiments.jobs import run_job
 from experiments.plot import report
+from experiments.policy_config import PolicyConfig
+from experiments.run import setting_line
 from experiments.run_dir import write_run_dir
 from experiments.runner import simulate
 from experiments.workloads import DataSources, make_workload
@@ -53,50 +59,76 @@ def grid_policies(cfg: SweepConfig, overrides: list[str]) -> dict[str, PolicyCon
     return policies
 
 
-def run_grid(cfg: SweepConfig, policies: dict[str, PolicyConfig], sweep_dir: Path) -> None:
-    """Run every grid point, writing ``sweep_dir/runs/<policy option>_rate<r>_seed<s>/``."""
+def run_grid(
+    cfg: SweepConfig, policies: dict[str, PolicyConfig], sweep_dir: Path
+) -> list[tuple[str, str]]:
+    """Run every grid point, writing ``sweep_dir/runs/<policy option>_rate<r>_seed<s>/``.
+
+    A run that fails is skipped (no directory is left for it) and the others go on; returns
+    the failed runs' names and one-line errors. The first workload is built before anything
+    runs, so a request count the data cannot supply fails before a predictor is trained."""
     grid = cfg.sweep
     sources = DataSources(cfg.data)
-    i = 0
-    for rate in grid.rates:
-        for seed in grid.seeds:
-            base = cfg.run_config(rate=rate, seed=seed, num_requests=grid.num_requests)
-            workload = make_workload(base, sources)
-            for option, policy in policies.items():
-                i += 1
-                run_cfg = cfg.run_config(
-                    policy=policy, rate=rate, seed=seed, num_requests=grid.num_requests
-                )
-                parts = build_components(run_cfg, sources)
-                result = simulate(run_cfg, workload, parts)
-                run_dir = sweep_dir / "runs" / f"{option}_rate{rate:g}_seed{seed}"
-                write_run_dir(run_dir, run_cfg, parts, workload, result)
-                m = result.metrics
-                print(
-                    f"run {i}/{grid.size}: {option:12s} rate {rate:6g} seed {seed}: "
-                    f"goodput lifetime {m['goodput_lifetime']:.3f} TPOT {m['goodput_tpot']:.3f}"
-                    f"  ({result.wall_s:.2f} s)",
-                    flush=True,
-                )
+    make_workload(cfg.run_config(num_requests=grid.num_requests), sources)  # fail fast
+    failed: list[tuple[str, str]] = []
+    done = 0
+    bar = tqdm(total=grid.size, desc="sweep", unit="run", disable=None, file=sys.stderr)
+    with bar:
+        for rate in grid.rates:
+            for seed in grid.seeds:
+                base = cfg.run_config(rate=rate, seed=seed, num_requests=grid.num_requests)
+                workload = make_workload(base, sources)
+                for option, policy in policies.items():
+                    name = f"{option}_rate{rate:g}_seed{seed}"
+                    run_cfg = cfg.run_config(
+                        policy=policy, rate=rate, seed=seed, num_requests=grid.num_requests
+                    )
+                    try:
+                        line = _run_point(run_cfg, workload, sources, sweep_dir / "runs" / name)
+                    except Exception as e:  # one run's failure must not lose the others
+                        failed.append((name, one_line(e)))
+                        line = f"{name}: FAILED: {one_line(e)}"
+                    bar.update()
+                    done += 1
+                    tqdm.write(f"run {done}/{grid.size}: {line}", file=sys.stdout)
+    return failed
 
 
-@hydra.main(config_path="../configs", config_name="sweep", version_base="1.3")
-def main(dict_cfg: DictConfig) -> None:
+def _run_point(cfg, workload, sources: DataSources, run_dir: Path) -> str:  # noqa: ANN001
+    parts = build_components(cfg, sources)
+    result = simulate(cfg, workload, parts)
+    write_run_dir(run_dir, cfg, parts, workload, result)
+    m = result.metrics
+    return (
+        f"{run_dir.name}: goodput lifetime {m['goodput_lifetime']:.3f} "
+        f"TPOT {m['goodput_tpot']:.3f}  ({result.wall_s:.2f} s)"
+    )
+
+
+def _sweep(cfg: SweepConfig, sweep_dir: Path) -> None:
     start = time.perf_counter()
-    cfg = OmegaConf.to_object(dict_cfg)
-    assert isinstance(cfg, SweepConfig)
-    hc = HydraConfig.get()
-    sweep_dir = Path(hc.runtime.output_dir)
-    policies = grid_policies(cfg, list(hc.overrides.task))
+    policies = grid_policies(cfg, list(HydraConfig.get().overrides.task))
     print(
         f"sweep: {cfg.sweep.size} runs ({len(policies)} policies x {len(cfg.sweep.rates)} rates "
         f"x {len(cfg.sweep.seeds)} seeds, {cfg.sweep.num_requests} requests each) -> {sweep_dir}",
         flush=True,
     )
-    run_grid(cfg, policies, sweep_dir)
-    for path in report([sweep_dir / "runs"], sweep_dir):
-        print(f"wrote {path}")
+    print(f"setting: {setting_line(cfg.run_config(num_requests=cfg.sweep.num_requests))}")
+    failed = run_grid(cfg, policies, sweep_dir)
+    if len(failed) < cfg.sweep.size:
+        for path in report([sweep_dir / "runs"], sweep_dir):
+            print(f"wrote {path}")
     print(f"sweep done in {time.perf_counter() - start:.1f} s: {sweep_dir}")
+    if failed:
+        print(f"{len(failed)} of {cfg.sweep.size} runs failed:", file=sys.stderr)
+        for name, line in failed:
+            print(f"  {name}: {line}", file=sys.stderr)
+        raise SystemExit(1)
+
+
+@hydra.main(config_path="../configs", config_name="sweep", version_base="1.3")
+def main(dict_cfg: DictConfig) -> None:
+    run_job(dict_cfg, _sweep)
 
 
 if __name__ == "__main__":

@@ -9,10 +9,15 @@ workload uses at scale 1 (the window of the trace it replays, not the whole file
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
+from pathlib import Path
 
-from experiments.config import DataConfig, PredictorConfig, RunConfig, WorkloadSpec
+from experiments.config import DataConfig, RunConfig, WorkloadSpec
+from experiments.errors import ConfigError
 from experiments.length_predictor import build_predictor
+from experiments.policy_config import PredictorConfig
 from horizon.workload import (
     AzureTrace,
     TokenizedCorpus,
@@ -34,10 +39,19 @@ class DataSources:
         self._predictors: dict[str, object] = {}
 
     def tokenized(self) -> TokenizedCorpus:
-        """The ShareGPT corpus's tokens, from ``data.token_cache`` (tokenised on first use)."""
+        """The ShareGPT corpus's tokens, from ``data.token_cache`` (tokenised on first use).
+
+        Raises:
+            ConfigError: the ShareGPT file is missing or is not ShareGPT JSON.
+        """
         if self._tokenized is None:
-            corpus = load_sharegpt(self.data.sharegpt_path)
-            self._tokenized = tokenize_corpus(corpus, self.data.token_cache, self.data.tokenizer)
+            path = self.data.sharegpt_path
+            with _field_error("data.sharegpt_path", path or "(packaged)"):
+                corpus = load_sharegpt(path)
+            with _field_error("data.token_cache", self.data.token_cache):
+                self._tokenized = tokenize_corpus(
+                    corpus, self.data.token_cache, self.data.tokenizer
+                )
         return self._tokenized
 
     def predictor(self, cfg: PredictorConfig, workload: WorkloadSpec) -> object:
@@ -51,9 +65,36 @@ class DataSources:
         return self._predictors[key]
 
     def trace(self, path: str) -> AzureTrace:
+        """The Azure trace at ``path`` (a workload's ``trace_path``, in ``data.trace_dir``).
+
+        Raises:
+            ConfigError: the file is missing (naming ``data.trace_dir``) or malformed.
+        """
         if path not in self._traces:
-            self._traces[path] = load_azure_trace(path)
+            if not Path(path).exists():
+                raise ConfigError(
+                    "data.trace_dir",
+                    self.data.trace_dir,
+                    f"no {Path(path).name} there (the Azure LLM inference 2023 traces: "
+                    "data/AzureLLMInferenceTrace_{conv,code}.csv of Azure/AzurePublicDataset)",
+                )
+            with _field_error("workload.trace_path", path):
+                self._traces[path] = load_azure_trace(path)
         return self._traces[path]
+
+
+@contextmanager
+def _field_error(field: str, value: object) -> Iterator[None]:
+    """Re-raise a missing or malformed input file as a ``ConfigError`` naming ``field``."""
+    try:
+        yield
+    except FileNotFoundError as e:
+        raise ConfigError(field, value, f"no such file: {e.filename}") from None
+    except (ValueError, UnicodeDecodeError) as e:
+        if isinstance(e, ConfigError):
+            raise
+        problem = str(e).removeprefix(f"{value}: ").removeprefix(f"{value}, ")
+        raise ConfigError(field, value, problem) from None
 
 
 def make_workload(cfg: RunConfig, sources: DataSources) -> Workload:

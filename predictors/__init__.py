@@ -10,8 +10,9 @@
     make_predictor("prepared", path="run.predictions")      a learned predictor's predictions
                                                             for one run's requests, replayed
 
-Predictors that learn (``mean``, ``prompt_length``, ``learned``) need an explicit
-``fit(requests)``; see ``predictors.dataset.split_requests`` for a train/test split.
+Predictors that learn (``learns = True``: ``mean``, ``prompt_length``, ``learned``) need an
+explicit ``fit(requests)``; see ``predictors.dataset.split_requests`` for a train/test split.
+Any name may also be ``package.module:Class``: a predictor of one's own (``horizon.registry``).
 """
 
 from __future__ import annotations
@@ -39,6 +40,9 @@ def _learned(
             f"learned: give either artifact or settings, not both (got {sorted(settings)})"
         )
     return LearnedPredictor.load(artifact, threads=threads)
+
+
+_learned.learns = True  # type: ignore[attr-defined] - what PredictorConfig.learns reads
 
 
 PREDICTORS.register("mean", MeanPredictor)

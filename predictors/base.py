@@ -30,6 +30,7 @@ class BasePredictor:
 
     name: str = ""
     reads_true_length: bool = False
+    learns: bool = False  # True: ``fit`` trains it (a run fits it on the train split first)
 
     def fit(self, requests: Sequence[Request], data: dict | None = None) -> BasePredictor:
         return self

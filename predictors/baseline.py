@@ -23,6 +23,7 @@ class PromptLengthBaseline(BasePredictor):
 
     name = "prompt_length"
     reads_true_length = False
+    learns = True
 
     def __init__(self, bins: int = 10) -> None:
         if not isinstance(bins, int) or bins < 1:

@@ -20,6 +20,7 @@ class MeanPredictor(BasePredictor):
 
     name = "mean"
     reads_true_length = False
+    learns = True
 
     def __init__(self) -> None:
         self.quantiles: tuple[float, ...] | None = None

@@ -90,6 +90,7 @@ class LearnedPredictor(BasePredictor):
 
     name = "learned"
     reads_true_length = False
+    learns = True
 
     def __init__(self, threads: int | None = None, **settings: object) -> None:
         self.settings = LearnedSettings(**settings)  # type: ignore[arg-type]

@@ -2,12 +2,26 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from horizon.model_shape import ModelShape
 from horizon.registry import Registry
 from simulator.cost_model import CostModel, RooflineCostModel
 from simulator.cost_model_artifact import load_fitted
 from simulator.fitted_cost_model import FittedCostModel
 from simulator.gpu import GpuSpec
+
+HORIZON_ROOT = Path(__file__).resolve().parents[1]  # the checkout: calibration/ lives here
+
+
+def shipped(path: str) -> str:
+    """``path`` as given if it exists (or is absolute); else, if relative, the calibration file
+    of that name shipped in the Horizon checkout: a run launched from another directory (a
+    researcher's own project) still finds ``calibration/...``."""
+    p = Path(path)
+    if p.is_absolute() or p.exists() or not (HORIZON_ROOT / p).exists():
+        return path
+    return str(HORIZON_ROOT / p)
 
 
 def _builtin() -> Registry[CostModel]:
@@ -30,7 +44,7 @@ def _engine_fitted(
     (``simulator.cost_model_artifact``). ``noise_seed``: time steps
     with a seeded block resampling of the measured scatter (``NoisyStepCost``, blocks of
     ``noise_block_steps`` decode steps); None: deterministic."""
-    model = load_fitted(path, residuals=noise_seed is not None)
+    model = load_fitted(shipped(path), residuals=noise_seed is not None)
     for key, want in (("model", shape.name), ("gpu", gpu.name)):
         got = str(model.meta.get(key, ""))
         if got and want not in got:
@@ -40,7 +54,7 @@ def _engine_fitted(
 
 def _fitted(shape: ModelShape, gpu: GpuSpec, path: str) -> CostModel:
     """``fitted``: a calibration CSV measured on ``gpu`` for ``shape`` (checked)."""
-    model = FittedCostModel.from_csv(path, shape.name)
+    model = FittedCostModel.from_csv(shipped(path), shape.name)
     measured = str(model.meta.get("gpu", ""))
     if measured and gpu.name not in measured:
         raise ValueError(f"{path} was measured on {measured}, not {gpu.name}")

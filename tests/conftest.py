@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import json
+import random
+
 import pytest
+
+WORDS = ("the", "cache", "holds", "blocks", "of", "tokens", "while", "a", "scheduler", "runs")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -49,3 +54,34 @@ def fitted(split):
     from predictors.learned import LearnedPredictor
 
     return LearnedPredictor(threads=1, seed=0).fit(split.train)
+
+
+@pytest.fixture(scope="session")
+def tiny_sharegpt(tmp_path_factory) -> list[str]:
+    """Overrides pointing the run at a 120-conversation ShareGPT file and a tmp token cache."""
+    d = tmp_path_factory.mktemp("data")
+    rng = random.Random(0)
+
+    def text(lo: int, hi: int) -> str:
+        return " ".join(rng.choice(WORDS) for _ in range(rng.randint(lo, hi)))
+
+    convs = [
+        {
+            "id": f"c{i}",
+            "conversations": [
+                turn
+                for _ in range(rng.randint(1, 3))
+                for turn in (
+                    {"from": "human", "value": text(5, 150)},
+                    {"from": "gpt", "value": text(5, 300)},
+                )
+            ],
+        }
+        for i in range(120)
+    ]
+    (d / "sharegpt.json").write_text(json.dumps(convs))
+    return [
+        f"data.sharegpt_path={d / 'sharegpt.json'}",
+        f"data.token_cache={d / 'tokens.npz'}",
+        "workload.conversations=all",  # the whole small file (no trained predictor here)
+    ]

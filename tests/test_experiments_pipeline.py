@@ -7,7 +7,6 @@ the repository's data/cache or needs the 12 s tokenisation of the packaged corpu
 from __future__ import annotations
 
 import json
-import random
 import subprocess
 import sys
 from pathlib import Path
@@ -23,34 +22,11 @@ from experiments.records_io import read_records
 from experiments.run import execute
 
 REPO = Path(__file__).resolve().parents[1]
-WORDS = ("the", "cache", "holds", "blocks", "of", "tokens", "while", "a", "scheduler", "runs")
 
 
-@pytest.fixture(scope="module")
-def data(tmp_path_factory) -> list[str]:
-    """Overrides pointing the run at a 120-conversation ShareGPT file and a tmp token cache."""
-    d = tmp_path_factory.mktemp("data")
-    rng = random.Random(0)
-
-    def text(lo: int, hi: int) -> str:
-        return " ".join(rng.choice(WORDS) for _ in range(rng.randint(lo, hi)))
-
-    convs = [
-        {
-            "id": f"c{i}",
-            "conversations": [
-                turn
-                for _ in range(rng.randint(1, 3))
-                for turn in (
-                    {"from": "human", "value": text(5, 150)},
-                    {"from": "gpt", "value": text(5, 300)},
-                )
-            ],
-        }
-        for i in range(120)
-    ]
-    (d / "sharegpt.json").write_text(json.dumps(convs))
-    return [f"data.sharegpt_path={d / 'sharegpt.json'}", f"data.token_cache={d / 'tokens.npz'}"]
+@pytest.fixture
+def data(tiny_sharegpt: list[str]) -> list[str]:
+    return tiny_sharegpt
 
 
 def run_module(module: str, *args: str) -> subprocess.CompletedProcess:
