@@ -42,8 +42,17 @@ def test_group_options_and_values_override():
     assert (cfg.rate, cfg.seed) == (7.0, 3)
 
 
-def test_num_blocks_derived_from_gpu_memory_not_written_back():
+def test_defaults_are_the_documented_kv_bound_setting():
     cfg = typed()
+    assert cfg.model.num_blocks == 3000 and cfg.num_requests == 4000 and cfg.rate == 60.0
+    assert (cfg.workload.conversations, cfg.workload.split_test_fraction) == ("held_out", 0.5)
+    horizon = typed("policy=horizon")  # a learned predictor runs with the defaults
+    assert horizon.policy.predictor_config.learns
+    assert horizon.workload == cfg.workload  # every policy sees the same requests
+
+
+def test_num_blocks_derived_from_gpu_memory_not_written_back():
+    cfg = typed("model.num_blocks=null")
     assert cfg.model.num_blocks is None
     # floor((141e9 * 0.9 - 15.23e9 weight bytes) / (16 * 57344 KV bytes per token))
     assert kv_num_blocks(cfg.model, 16) == 121709

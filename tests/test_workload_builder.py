@@ -146,8 +146,11 @@ def test_first_turn_requests(synthetic):
 
 
 def test_first_turn_without_replacement_errors_when_too_few(synthetic):
-    with pytest.raises(ValueError, match="too few ShareGPT requests"):
+    with pytest.raises(ValueError, match="too few ShareGPT requests") as e:
         build_workload(_cfg(synthetic, num_requests=5), synthetic)
+    # the largest count that works is stated, and works
+    assert "num_requests=5" in str(e.value) and "set num_requests <= 4" in str(e.value)
+    assert len(build_workload(_cfg(synthetic, num_requests=4), synthetic).requests) == 4
 
 
 def test_reply_longer_than_the_cap_is_clamped_and_counted(synthetic):

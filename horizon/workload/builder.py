@@ -13,7 +13,7 @@ from horizon.workload import arrivals
 from horizon.workload.azure_trace import AzureTrace
 from horizon.workload.config import WorkloadConfig
 from horizon.workload.filters import FilterTally, LengthFilter
-from horizon.workload.multi_turn import interleave
+from horizon.workload.multi_turn import TooFewRequests, interleave
 from horizon.workload.split import held_out_conversations
 from horizon.workload.tokenized import TokenizedCorpus
 from horizon.workload.turns import RequestSpec, conversation_requests
@@ -176,10 +176,14 @@ def _sharegpt_specs(
     concurrency = 1 if config.mode == "first_turn" else config.multi_turn_concurrency
     try:
         return interleave(candidates(), config.num_requests, concurrency)
-    except ValueError as e:
+    except TooFewRequests as e:
+        which = "all" if config.conversations == "all" else (
+            f"the {config.conversations} (split_test_fraction={config.split_test_fraction})"
+        )
         raise ValueError(
-            f"too few ShareGPT requests: {e}; dropped {tally.dropped} of "
-            f"{tally.examined} conversations"
+            f"too few ShareGPT requests: num_requests={e.wanted}, but {which} conversations "
+            f"give {e.available} after the filters (dropped {tally.dropped} of "
+            f"{tally.examined}); set num_requests <= {e.available}"
         ) from None
 
 

@@ -16,6 +16,15 @@ from collections.abc import Iterable
 from horizon.workload.turns import RequestSpec
 
 
+class TooFewRequests(ValueError):
+    """The conversations hold ``available`` usable turns, fewer than the ``wanted`` requests."""
+
+    def __init__(self, available: int, wanted: int) -> None:
+        self.available = available
+        self.wanted = wanted
+        super().__init__(f"only {available} usable turns for {wanted} requests (after filters)")
+
+
 def interleave(
     conversations: Iterable[list[RequestSpec]], n: int, concurrency: int
 ) -> list[RequestSpec]:
@@ -24,7 +33,7 @@ def interleave(
     ``conversations`` is consumed lazily, only as far as needed; empty ones are skipped.
 
     Raises:
-        ValueError: the conversations hold fewer than ``n`` turns.
+        TooFewRequests: the conversations hold fewer than ``n`` turns (a ValueError).
     """
     queue = (deque(c) for c in conversations if c)
     active: deque[deque[RequestSpec]] = deque()
@@ -35,7 +44,7 @@ def interleave(
     order: list[RequestSpec] = []
     while len(order) < n:
         if not active:
-            raise ValueError(f"only {len(order)} usable turns for {n} requests (after filters)")
+            raise TooFewRequests(len(order), n)
         turns = active.popleft()
         order.append(turns.popleft())
         if turns:
