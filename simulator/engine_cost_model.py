@@ -2,7 +2,7 @@
 loop, from its plan.
 
 Where ``FittedCostModel`` is fitted to ``executor.profiler``'s offline grid (``ModelRunner.execute``
-timed alone), this one is fitted to the steps of real online runs (``executor.replay``): each
+timed alone), this one is fitted to the steps of real online runs (``experiments.engine_replay``): each
 record's step row holds the plan's shape and the measured period from one plan to the next, so
 the scheduler's and the policy's host time, the padding of CUDA graphs and the loop's overhead
 are all in it. Two linear regimes, each fitted to minimise the mean absolute relative error

@@ -1,8 +1,8 @@
 """Replay saved workloads online on the engine (GPU), for the sim-vs-engine comparison.
 
-    python -m executor.replay --requests runs.json --model qwen2.5-0.5b --policy fcfs \\
-        --num-blocks 1500 --out DIR
-    python -m executor.replay --manifest DIR/manifest.json --out DIR2 [--role fidelity]
+    python -m experiments.engine_replay --requests runs.json --model qwen2.5-0.5b \\
+        --policy fcfs --policy horizon --predictor oracle --num-blocks 1500 --out DIR
+    python -m experiments.engine_replay --manifest DIR/manifest.json --out DIR2 [--role fidelity]
 
 Arrivals are replayed on the wall clock (``Engine.run_online``), output lengths are forced to the
 trace's, weights are seeded random (step cost does not depend on their values). Writes
@@ -29,13 +29,17 @@ from executor.model import CausalLM, ModelConfig
 from horizon.workload.requests_file import load_requests
 
 
-def _policy(name: str, ttft: float):  # noqa: ANN202
-    """A registered policy by name, or ``horizon_oracle``: horizon with the oracle predictor."""
-    from experiments.fidelity_manifest import PolicySpec
+def _policy(name: str, predictor: str | None, ttft: float):  # noqa: ANN202
+    """A policy by name or import path, by the one factory; ``predictor`` (a predictor that
+    needs no training, e.g. ``oracle``) goes to a policy that takes one."""
+    from experiments.policy_config import PolicyConfig
+    from experiments.policy_factory import build_policy, ready_predictor
+    from horizon.policies.registry import POLICIES
+    from horizon.registry import takes
 
-    if name == "horizon_oracle":
-        return PolicySpec("horizon", predictor="oracle").build(ttft)
-    return PolicySpec(name).build(ttft)
+    takes_one = predictor is not None and takes(POLICIES.resolve(name), "predictor")
+    cfg = PolicyConfig(name, predictor={"name": predictor} if takes_one else None)
+    return build_policy(cfg, ttft, ready_predictor).policy
 
 
 def _engine(model_name: str, device: str, config: EngineConfig) -> Engine:
@@ -109,7 +113,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--case", action="append", help="with --manifest: only this case")
     ap.add_argument("--requests")
     ap.add_argument("--model", default="qwen2.5-0.5b")
-    ap.add_argument("--policy", action="append")
+    ap.add_argument("--policy", action="append", help="a policy name or package.module:Class")
+    ap.add_argument("--predictor", help="for policies that take one, e.g. oracle")
     ap.add_argument("--num-blocks", type=int)
     ap.add_argument("--ttft-slo", type=float, default=0.25)
     ap.add_argument("--out", required=True)
@@ -133,7 +138,8 @@ def main(argv: list[str] | None = None) -> None:
             "requests_file": args.requests,
             "num_requests": len(requests),
         }
-        _run(engine, requests, _policy(name, args.ttft_slo), Path(args.out) / name, meta)
+        policy = _policy(name, args.predictor, args.ttft_slo)
+        _run(engine, requests, policy, Path(args.out) / name, meta)
 
 
 if __name__ == "__main__":
