@@ -103,4 +103,5 @@ def _write(artifact: Path, model: EngineCostModel, source: str, digest: str) -> 
     fd, tmp = tempfile.mkstemp(dir=artifact.parent, prefix=artifact.name, suffix=".tmp")
     with os.fdopen(fd, "w") as f:
         f.write(json.dumps(doc, indent=1, sort_keys=True) + "\n")
+    os.chmod(tmp, 0o644)  # mkstemp's 0600 would keep the artifact from other users
     os.replace(tmp, artifact)

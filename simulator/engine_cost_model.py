@@ -431,12 +431,16 @@ def write_steps(rows: np.ndarray, path: str | Path, meta: dict) -> None:
     for r in rows:
         buf.write(",".join(f"{int(v)}" for v in r[:-1]) + f",{r[-1]:.9g}\n")
     data = buf.getvalue().encode()
-    p.parent.mkdir(parents=True, exist_ok=True)
     if p.suffix == ".gz":
-        with open(p, "wb") as raw, gzip.GzipFile("", "wb", fileobj=raw, mtime=0) as f:
+        out = io.BytesIO()
+        with gzip.GzipFile("", "wb", fileobj=out, mtime=0) as f:
             f.write(data)  # no name, mtime 0: the same rows give the same bytes
-    else:
-        p.write_bytes(data)
+        data = out.getvalue()
+    p.parent.mkdir(parents=True, exist_ok=True)
+    # written whole, then renamed: a simulation reading the file never sees half of it
+    tmp = p.with_name(p.name + ".tmp")
+    tmp.write_bytes(data)
+    tmp.replace(p)
     _sidecar(p).write_text(json.dumps(meta, indent=1, sort_keys=True) + "\n")
 
 
