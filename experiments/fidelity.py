@@ -2,7 +2,7 @@
 simulator, metric by metric.
 
     python -m experiments.fidelity export [--model qwen2.5-0.5b] [--out DIR]    # CPU
-    python -m executor.replay --manifest gpu_inputs/fidelity/manifest.json --out DIR   # GPU
+    python -m experiments.engine_replay --manifest gpu_inputs/fidelity/manifest.json --out DIR # GPU
     python -m experiments.fidelity compare results/fidelity/engine \
         [--repeat results/fidelity/engine_repeat] [--report docs/fidelity]
 
@@ -15,7 +15,9 @@ several loads, one seed; ``experiments.fidelity_manifest``) and the manifest. Th
 replays them online on the engine and saves each run's records (their step rows carry the plan
 shape and the measured duration). ``compare`` fits the step cost model to the steps of the
 calibration cases, runs the simulator on the fidelity cases with it, and reports per metric
-the relative error of the simulator against the engine. Its LAST line is one JSON object.
+the relative error of the simulator against the engine (``experiments.fidelity_compare``): the
+report's figures go to ``report.json``, and its page is rendered from that file, keeping the
+page's hand-written notes. Its LAST line is one JSON object.
 ``results/fidelity/engine`` holds the committed engine runs; ``compare`` rebuilds the requests
 (``export``, seeded) when ``gpu_inputs/fidelity`` is absent.
 """
@@ -137,6 +139,9 @@ def export(out: str | None = None, model: str = MODEL) -> Manifest:
                 f"model={pre.model}",
                 f"slo={pre.slo_preset}",
                 f"workload={workload}",
+                # every conversation, as when the committed engine runs were exported (the
+                # workload configs' default became the held-out half since)
+                "workload.conversations=all",
                 f"rate={rate}",
                 f"seed={seed}",
                 f"num_requests={n}",

@@ -3,26 +3,23 @@ one golden case plays the calibration runs, the other the compared runs."""
 
 from __future__ import annotations
 
+import csv
 import json
 import shutil
 from pathlib import Path
 
 import pytest
 
-from experiments.fidelity_compare import (
-    METRICS,
-    _rank_pairs,
-    _same_ranking,
-    compare,
-    engine_pipelined,
-)
+from experiments.fidelity_compare import METRICS, compare, engine_pipelined
 from experiments.fidelity_manifest import Case, Manifest
+from experiments.fidelity_ranking import rank_pairs as _rank_pairs
+from experiments.fidelity_ranking import same_ranking as _same_ranking
 
 GOLDEN = Path(__file__).parent / "data" / "golden"
 
 
-@pytest.fixture()
-def engine_dir(tmp_path):
+def _engine_dir(tmp_path: Path) -> Path:
+    """The golden logs as engine runs: one case plays the calibration, the other the compared."""
     m = Manifest.load(GOLDEN / "manifest.json")
     cases = []
     for c, role in zip(m.of_role("golden"), ("calibration", "fidelity")):
@@ -35,6 +32,23 @@ def engine_dir(tmp_path):
             shutil.copy(GOLDEN / f"{c.name}.{p}.meta.json", d / "meta.json")
     Manifest(**{**m.__dict__, "cases": tuple(cases)}).save(tmp_path / "manifest.json")
     return tmp_path
+
+
+@pytest.fixture()
+def engine_dir(tmp_path):
+    return _engine_dir(tmp_path)
+
+
+@pytest.fixture(scope="module")
+def repeated(tmp_path_factory):
+    """One comparison with the golden runs as their own repeat: (folder, result)."""
+    d = _engine_dir(tmp_path_factory.mktemp("repeated"))
+    runs = str(d / "runs")
+    result = compare(
+        runs, str(d / "manifest.json"), str(d / "report"),
+        calibration_out=d / "cal.csv.gz", repeat_dir=runs,
+    )  # fmt: skip
+    return d, result
 
 
 def test_compare_reports_every_figure(engine_dir, capsys):
@@ -68,18 +82,92 @@ def test_compare_reports_every_figure(engine_dir, capsys):
     assert (engine_dir / "cal.csv.gz").exists() and (engine_dir / "cal.json").exists()
 
 
-def test_a_repeat_of_the_engine_is_compared_with_the_first_run(engine_dir):
-    runs = str(engine_dir / "runs")
-    result = compare(
-        runs, str(engine_dir / "manifest.json"), str(engine_dir / "report"),
-        calibration_out=engine_dir / "cal.csv.gz", repeat_dir=runs,
-    )  # fmt: skip
+def test_a_repeat_of_the_engine_is_compared_with_the_first_run(repeated):
+    engine_dir, result = repeated
     assert result["engine_repeat_goodput_diff_pts"] == 0.0  # the same runs: no difference
     assert set(result["engine_repeat_errors"].values()) == {0.0}
     assert result["engine_repeat_ranking_identical"] is True
     assert result["ranking_identical_vs_repeat"] == result["ranking_identical"]
     assert result["engine_repeat_in_sim_band"] == result["engine_goodput_in_sim_band"]
     assert "engine / engine again / sim" in (engine_dir / "report" / "README.md").read_text()
+
+
+def test_the_report_json_holds_every_figure_with_its_conditions(repeated):
+    d, result = repeated
+    out = d / "report"
+    doc = json.loads((out / "report.json").read_text())
+    assert doc["format"] == "horizon-fidelity-report" and doc["version"] == 1
+    assert doc["headline"] == json.loads(json.dumps(result))
+    c = doc["conditions"]
+    m = Manifest.load(d / "manifest.json")
+    assert (c["model"], c["gpu"], c["torch"]) == ("qwen2.5-0.5b", "NVIDIA H200", "2.11.0+cu130")
+    assert c["slo"] == {"ttft_s": m.ttft_slo, "itl_s": m.itl_slo, "preset": "h200_0.5b",
+                        "goodput": "lifetime"}  # fmt: skip
+    assert c["scheduler"] == m.scheduler and c["noise_seeds"] == list(range(10))
+    assert c["engine"] == {"dir": str(d / "runs"), "repeat_dir": str(d / "runs"),
+                           "loop": "pipelined", "dates": ["2026-11-29"], "commits": []}  # fmt: skip
+    cases = {x["name"]: x for x in c["cases"]}
+    assert cases["golden_burst_r800"] == {
+        "name": "golden_burst_r800", "role": "fidelity", "workload": "sharegpt_first_turn",
+        "rate": 800.0, "seed": 3, "requests": 120, "max_time_s": m.cases[1].max_time,
+        "policies": ["fcfs", "horizon"],
+    }  # fmt: skip
+    assert cases["golden_first_r40"]["role"] == "calibration"
+    # the runs are table.csv's rows, the step errors steps_mape.json
+    with open(out / "table.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["case"], r["policy"]) for r in rows] == [
+        (r["case"], r["policy"]) for r in doc["runs"]
+    ]
+    for r, j in zip(rows, doc["runs"]):
+        assert list(r) == list(j)
+        assert float(r["ttft_p99_err"]) == pytest.approx(j["ttft_p99_err"], rel=1e-5)
+    assert doc["step_mape"] == json.loads((out / "steps_mape.json").read_text())
+    assert doc["met"]["goodput_err_pts"] == (result["goodput_err_pts"] <= 2.0)
+    assert doc["met"]["ttft_p99_err"] == (result["ttft_p99_err"] <= 0.05)
+    within = doc["within_target"]
+    assert within["runs"] == 2
+    assert within["figures"]["goodput_err_pts"]["deterministic"] == sum(
+        r["goodput_err_pts"] <= 2.0 for r in doc["runs"]
+    )
+    assert 0 <= within["figures"]["itl_p99_err"]["with_scatter"] <= 2
+    ranking = doc["ranking"]["golden_burst_r800"]
+    assert ranking["identical"] == result["ranking_identical"]
+    assert ranking["engine_vs_engine_again"] is True  # the repeat is the same runs
+    g = ranking["goodput"]["horizon"]
+    assert g["engine"] == g["engine_again"] == doc["runs"][1]["goodput_lifetime_engine"]
+    assert len(doc["repeat"]) == 2 and doc["plots"] == ["sharegpt_first_turn.png"]
+
+
+def _scaled(x, f: float):  # noqa: ANN001, ANN202
+    """``x`` with every float (not int or bool) times ``f``."""
+    if isinstance(x, dict):
+        return {k: _scaled(v, f) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_scaled(v, f) for v in x]
+    return x * f if isinstance(x, float) else x
+
+
+def test_the_page_renders_the_json_and_no_sentence_depends_on_a_figure(repeated, tmp_path):
+    from experiments.fidelity_page import write_page
+
+    d, _ = repeated
+    doc = json.loads((d / "report" / "report.json").read_text())
+    page = write_page(doc, tmp_path / "a.md")
+    r = doc["runs"][0]
+    assert f"| {r['case']} | {r['policy']} | {r['goodput_lifetime_engine']:.3f} / " in page
+    assert f"{100 * doc['headline']['step_mape']:.2f}%" in page
+    assert "TTFT ≤ 0.25 s and every ITL ≤ 10 ms" in page and "golden_burst_r800" in page
+    # every figure halved: the tables change, no line of prose does
+    figures = ("headline", "runs", "step_mape", "cost_model", "within_target", "repeat")
+    other = {**doc, **{k: _scaled(doc[k], 0.5) for k in figures}}
+    half = write_page(other, tmp_path / "b.md")
+    assert half != page
+
+    def prose(text: str) -> list[str]:
+        return [ln for ln in text.splitlines() if not ln.startswith(("|", "- "))]
+
+    assert prose(half) == prose(page)
 
 
 def test_ranking_orders_pairs_alike_and_ties_only_where_both_sides_are_near():
@@ -116,7 +204,7 @@ def test_runs_are_simulated_with_the_engine_loop_they_ran():
 def test_pre_refresh_ratio_reads_the_step_before_each_refresh():
     import numpy as np
 
-    from experiments.fidelity_compare import _pre_refresh
+    from experiments.fidelity_cost_models import pre_refresh as _pre_refresh
     from horizon.metrics.records import RunRecords
 
     golden = GOLDEN
@@ -160,3 +248,22 @@ def test_an_unknown_shape_is_named():
 
     with pytest.raises(ValueError, match="no fidelity preset for model 'qwen9'"):
         preset("qwen9")
+
+
+def test_engine_runs_of_other_requests_are_refused():
+    """Requests rebuilt by other code or settings (here one prompt a token longer) are not
+    those the engine ran, though every arrival time is the same."""
+    from experiments.fidelity_compare import check_same_requests
+    from horizon.metrics.records import RunRecords
+    from horizon.workload.requests_file import load_requests
+
+    m = Manifest.load(GOLDEN / "manifest.json")
+    case = m.of_role("golden")[1]
+    rec = RunRecords.load_npz(str(GOLDEN / f"{case.name}.fcfs.npz"))
+    requests = load_requests(GOLDEN / case.requests)
+    check_same_requests(rec, requests, case.name)  # the requests it ran
+    requests[5].num_prompt_tokens += 1
+    with pytest.raises(ValueError, match=f"case {case.name}: the engine run's requests"):
+        check_same_requests(rec, requests, case.name)
+    with pytest.raises(ValueError, match="not the manifest's"):
+        check_same_requests(rec, load_requests(GOLDEN / case.requests)[:-1], case.name)
