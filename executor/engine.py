@@ -1,7 +1,7 @@
 """The engine: horizon's Scheduler and block pool driving the paged model on a wall clock.
 
-The loop mirrors the simulator's (``simulator/simulation.py``) with the wall clock as ``now``
-(seconds since the run started)::
+The loop is the simulator's (``horizon.serving_loop.serve``), with this engine as its backend
+(``executor.engine_backend``) and the wall clock as ``now`` (seconds since the run started)::
 
     plan = scheduler.schedule(now) -> execute(plan) -> scheduler.update(plan, result, now)
 
@@ -12,7 +12,7 @@ Offline, every request is queued at the start; online, a request is queued once
 ``perf_counter() - start`` reaches its ``arrival_time`` (the loop sleeps until the next arrival
 when idle).
 
-Stopping rule (the backend's, DESIGN.md): ``stop="trace"`` forces each request to emit exactly
+Stopping rule (the backend's, docs/design.md): ``stop="trace"`` forces each request to emit exactly
 ``true_output_tokens`` (end-of-sequence ignored, as when replaying a trace); ``stop="eos"`` stops at
 an end-of-sequence token or ``max_output_tokens`` (records of such a run keep the trace's
 ``true_output_tokens``, so ``RunRecords.check`` holds only for requests that ran to it).
@@ -22,25 +22,25 @@ from __future__ import annotations
 
 import gc
 import math
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
+from executor.engine_backend import EngineBackend
 from executor.kernels import allocate_kv_cache
 from executor.model import CausalLM
 from executor.runner import GRAPH_BATCH_SIZES, ModelRunner
 from executor.sampling import SamplingParams
 from horizon.metrics.records import RunRecords
-from horizon.plan import StepPlan, StepResult
 from horizon.policies.base import Policy
 from horizon.policies.registry import make_policy
 from horizon.request import Request
 from horizon.scheduler import Scheduler
 from horizon.scheduler_config import SchedulerConfig
-from horizon.trace_stop import TraceStop
+from horizon.serving_loop import serve
+from horizon.wall_clock import ListArrivals, WallClock, run_wall_clock
 
 STOP_RULES = ("trace", "eos")
 
@@ -214,7 +214,6 @@ class Engine:
             sampling_of=self._sampling_of,
         )
         self._eos = frozenset(c.eos_token_ids)
-        self._trace_stop = TraceStop()
         self.outputs: dict[int, list[int]] = {}
         self.scheduler: Scheduler | None = None  # the latest run's
 
@@ -246,10 +245,10 @@ class Engine:
         ``requests`` must be fresh (never scheduled); their ``arrival_time`` is what the records
         show (give 0 for a plain batch)."""
         sched = self._new_run(policy)
-        start = time.perf_counter()
+        clock = WallClock()
         for r in sorted(requests, key=lambda r: (r.arrival_time, r.request_id)):
             sched.add(r)
-        return self._loop(sched, [], start, None)
+        return self._loop(sched, ListArrivals(()), clock, None)
 
     def run_online(
         self,
@@ -263,150 +262,36 @@ class Engine:
         if max_time is not None and not (math.isfinite(max_time) and max_time > 0):
             raise ValueError(f"max_time must be a finite number > 0, got {max_time!r}")
         sched = self._new_run(policy)
-        pending = sorted(requests, key=lambda r: (r.arrival_time, r.request_id))
-        pending.reverse()  # pop() takes the earliest
-        return self._loop(sched, pending, time.perf_counter(), max_time)
+        return self._loop(sched, ListArrivals(requests), WallClock(), max_time)
 
     def _new_run(self, policy: Policy | str) -> Scheduler:
         self.runner.reset()
         self.outputs = {}
-        self._trace_stop = TraceStop()
         policy = make_policy(policy) if isinstance(policy, str) else policy
         self.scheduler = Scheduler(self.config.scheduler_config(self.num_blocks), policy)
         return self.scheduler
 
     def _loop(
-        self, sched: Scheduler, pending: list[Request], start: float, max_time: float | None
+        self, sched: Scheduler, arrivals: ListArrivals, clock: WallClock, max_time: float | None
     ) -> RunRecords:
+        """The serving loop (``horizon.serving_loop``) with this engine as its backend."""
+        backend = EngineBackend(
+            self.runner, sched, clock, self.config.pipelined, self._eos, self.config.stop
+        )
         end = math.inf if max_time is None else max_time
         gc_was_enabled = gc.isenabled()
         gc.disable()  # a collection pause would land in some step's measured time
         try:
-            if self.config.pipelined:
-                self._run_pipelined(sched, pending, start, end)
-            else:
-                self._run_serial(sched, pending, start, end)
+            run_wall_clock(serve(sched, backend, arrivals, clock, end, check_on_idle=True), clock)
         finally:
             if gc_was_enabled:
                 gc.enable()
         sched.finish_run()
         sched.check_integrity()
         self.runner.check_integrity()
+        self.outputs = backend.outputs
         self.outputs.update(self.runner.unfinished())  # cut off by max_time
         return sched.recorder.build()
-
-    def _run_serial(
-        self, sched: Scheduler, pending: list[Request], start: float, end: float
-    ) -> None:
-        """schedule -> execute (tokens read back) -> update, one step at a time."""
-        clock = time.perf_counter
-        now = clock() - start
-        while now < end:
-            while pending and pending[-1].arrival_time <= now:
-                sched.add(pending.pop())
-            if not sched.has_work:
-                if not pending:
-                    break
-                now = self._idle(sched, pending, start, end)
-                continue
-            plan = sched.schedule(now)
-            result = self._execute(plan)
-            now = clock() - start
-            sched.update(plan, result, now)
-            if plan.is_empty and not sched.running:  # the policy admits nothing until more arrive
-                if not pending:
-                    break
-                now = self._idle(sched, pending, start, end)
-
-    def _run_pipelined(
-        self, sched: Scheduler, pending: list[Request], start: float, end: float
-    ) -> None:
-        """schedule N+1 -> submit N+1 -> read N's tokens -> update N+1: the host prepares a step
-        while the GPU runs the one before it.
-
-        With ``stop="trace"`` the scheduler needs no token values, so ``update`` runs right after
-        ``submit`` with the step's finished requests; the step's end is recorded when its
-        tokens are read (``_retire``). A plan that preempts, or an empty one, waits for the step in
-        flight first (the runner may not move a row with a token in flight)."""
-        clock = time.perf_counter
-        runner, blocks_of = self.runner, sched.kv.blocks_of
-        flight: tuple | None = None  # (plan, pending step, its finished requests)
-        now = clock() - start
-        while now < end:
-            while pending and pending[-1].arrival_time <= now:
-                sched.add(pending.pop())
-            if not sched.has_work:
-                if flight is not None:
-                    self._retire(sched, flight, start)
-                    flight = None
-                    now = clock() - start
-                    continue
-                if not pending:
-                    break
-                now = self._idle(sched, pending, start, end)
-                continue
-            plan = sched.schedule(now)
-            if flight is not None and (plan.preempted or plan.is_empty):
-                self._retire(sched, flight, start)
-                flight = None
-            step = runner.submit(plan, blocks_of)
-            finished = self._trace_stop.finished(plan)
-            if flight is not None:
-                self._retire(sched, flight, start)
-            sched.update(plan, StepResult(math.nan, tuple(finished)), clock() - start)
-            flight = (plan, step, finished)
-            if plan.is_empty:
-                self._retire(sched, flight, start)
-                flight = None
-                if not sched.running:  # the policy admits nothing until more arrive
-                    if not pending:
-                        break
-                    now = self._idle(sched, pending, start, end)
-                    continue
-            now = clock() - start
-        if flight is not None:
-            self._retire(sched, flight, start)
-
-    def _retire(self, sched: Scheduler, flight: tuple, start: float) -> None:
-        """Read a submitted step's tokens, release its finished requests, record its end."""
-        plan, step, finished = flight
-        self.runner.wait(step)
-        t_end = time.perf_counter() - start
-        for r in finished:
-            self.outputs[r.request_id] = self.runner.release(r)
-        sched.recorder.set_step_end(plan.step, t_end)
-
-    def _idle(self, sched: Scheduler, pending: list[Request], start: float, end: float) -> float:
-        """Nothing to run: check the scheduler and the runner, then sleep until the next arrival
-        (or ``end``)."""
-        sched.check_integrity()
-        self.runner.check_integrity()
-        wake = min(pending[-1].arrival_time, end)
-        delay = wake - (time.perf_counter() - start)
-        if delay > 0:
-            time.sleep(delay)
-        return time.perf_counter() - start
-
-    def _execute(self, plan: StepPlan) -> StepResult:
-        """Run the plan; apply the stopping rule; measure the step."""
-        t0 = time.perf_counter()
-        out = self.runner.execute(plan, self.scheduler.kv.blocks_of)
-        if self.config.stop == "trace":
-            finished = self._trace_stop.finished(plan)
-        else:
-            finished = self._finish_eos(out.requests, out.tokens)
-        for r in finished:
-            self.outputs[r.request_id] = self.runner.release(r)
-        token_ids = dict(zip(out.request_ids, out.tokens))
-        return StepResult(time.perf_counter() - t0, tuple(finished), token_ids)
-
-    def _finish_eos(self, emitted: Sequence[Request], tokens: Sequence[int]) -> list[Request]:
-        eos = self._eos
-        return [
-            r
-            for r, t in zip(emitted, tokens)
-            if t in eos or r.num_output_tokens + 1 == r.max_output_tokens
-        ]
 
 
 def synthetic_prompt(request: Request, vocab_size: int, seed: int = 0) -> list[int]:

@@ -1,23 +1,69 @@
 """The simulator's backend: executes a plan by asking the cost model how long it takes.
 
 Its stopping rule is the trace's (``horizon.trace_stop``): a request stops when it has emitted
-``true_output_tokens``.
+``true_output_tokens``. It implements ``horizon.serving_loop.Backend`` on a simulated clock:
+serially, a step's modelled duration passes on the clock; pipelined, a step starts when the
+one before it ends (or at once) and its end is known when it is submitted.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 from horizon.plan import StepPlan, StepResult
+from horizon.serving_loop import Clock, InFlight
 from horizon.trace_stop import TraceStop
 from simulator.cost_model import CostModel
 
 
 class SimBackend:
-    """``execute(plan) -> StepResult``; never touches scheduler state."""
+    """``execute(plan) -> StepResult`` (and ``submit``/``wait``); never touches scheduler state.
 
-    def __init__(self, cost_model: CostModel, event_mode: bool = True) -> None:
+    A cost model with a ``wake_delay(step, now) -> float`` method models the engine's host
+    work before a plan: consulted after an idle sleep (and the run's start), or before every
+    plan when ``pipelined`` (see ``simulator.Simulation``)."""
+
+    advances_clock = True
+
+    def __init__(
+        self,
+        cost_model: CostModel,
+        event_mode: bool = True,
+        clock: Clock | None = None,
+        pipelined: bool = False,
+    ) -> None:
         self.cost_model = cost_model
+        self.clock = clock
+        self.pipelined = pipelined
         self._stop = TraceStop(event_mode)
+        self._wake_delay = getattr(cost_model, "wake_delay", None)
+        # pipelined: the latest non-empty step's end (a step starts at max(now, this))
+        self._last_end: float | None = None
 
     def execute(self, plan: StepPlan) -> StepResult:
         finished = self._stop.finished(plan)
         return StepResult(duration=self.cost_model.step_time(plan), finished=tuple(finished))
+
+    def host_delay(self, step: int, now: float, woke: bool) -> float:
+        if self._wake_delay is None or not (woke or self.pipelined):
+            return 0.0
+        return self._wake_delay(step, now)
+
+    def drains_before(self, plan: StepPlan) -> bool:
+        return False  # the cost model prices a drain (its ``preempting`` term)
+
+    def submit(self, plan: StepPlan) -> InFlight:
+        assert self.clock is not None, "a pipelined SimBackend needs the clock"
+        result = self.execute(plan)
+        now = self.clock.now()
+        start = now if self._last_end is None else max(now, self._last_end)
+        end = start + max(result.duration, 0.0)
+        self._last_end = None if plan.is_empty else end
+        return InFlight(plan, result, end=end, late_end=False)
+
+    def wait(self, step: InFlight) -> Any:
+        assert self.clock is not None and step.end is not None
+        return self.clock.until(step.end) if step.end > self.clock.now() else None
+
+    def check_integrity(self) -> None:
+        """Stateless between steps: nothing to check."""

@@ -1,11 +1,12 @@
 """A step cost model fitted to the engine's own online steps: what a step costs in the engine's
 loop, from its plan.
 
-Where ``FittedCostModel`` is fitted to ``executor.profiler``'s offline grid (``ModelRunner.execute``
-timed alone), this one is fitted to the steps of real online runs (``experiments.engine_replay``): each
-record's step row holds the plan's shape and the measured period from one plan to the next, so
-the scheduler's and the policy's host time, the padding of CUDA graphs and the loop's overhead
-are all in it. Two linear regimes, each fitted to minimise the mean absolute relative error
+Where ``FittedCostModel`` is fitted to ``executor.profiler``'s offline grid
+(``ModelRunner.execute`` timed alone), this one is fitted to the steps of real online runs
+(``experiments.engine_replay``): each record's step row holds the plan's shape and the
+measured period from one plan to the next, so the scheduler's and the policy's host time,
+the padding of CUDA graphs and the loop's overhead are all in it. Two linear regimes, each
+fitted to minimise the mean absolute relative error
 (the MAPE it is judged by; iteratively reweighted least squares):
 
 * decode-only steps (a decode graph padded to ``horizon.step_buckets.decode_buckets``)::

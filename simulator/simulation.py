@@ -1,8 +1,9 @@
 """The SimPy twin: an arrival process and an engine process around horizon's Scheduler.
 
-The engine loops ``plan = scheduler.schedule(now)`` -> ``yield env.timeout(cost)`` ->
-``scheduler.update(plan, result, now)``, and sleeps on an event when it has nothing to do (no
-polling); the arrival process wakes it. All policy and block logic is the Scheduler's.
+The engine process is the serving loop both backends run (``horizon.serving_loop.serve``):
+``plan = scheduler.schedule(now)`` -> the step's modelled cost passes (``env.timeout``) ->
+``scheduler.update(plan, result, now)``; it sleeps on an event when it has nothing to do (no
+polling) and the arrival process wakes it. All policy and block logic is the Scheduler's.
 
 Two optional refinements make it follow the engine's loop (``executor/engine.py``) exactly, for
 replaying an engine's log (``simulator.replay_cost_model``):
@@ -38,6 +39,7 @@ from horizon.policies.base import Policy
 from horizon.request import Request
 from horizon.scheduler import Scheduler
 from horizon.scheduler_config import SchedulerConfig
+from horizon.serving_loop import serve
 from simulator.backend import SimBackend
 from simulator.cost_model import CostModel
 
@@ -70,24 +72,25 @@ class Simulation:
     ) -> None:
         if max_time is not None and not (math.isfinite(max_time) and max_time > 0):
             raise ValueError(f"max_time must be a finite number > 0, got {max_time!r}")
-        self.requests = sorted(requests, key=lambda r: (r.arrival_time, r.request_id))
-        self.scheduler = Scheduler(config, policy)
-        self.backend = SimBackend(cost_model, event_mode=config.step_mode == "event")
-        self.max_time = max_time
-        self.check_every = check_every
         self.env = simpy.Environment()
-        self._wake: simpy.Event | None = None
-        self._arrivals_done = False
-        self._wake_delay = getattr(cost_model, "wake_delay", None)
-        self._hold = arrivals_at_step_boundaries
-        self._pipelined = pipelined
-        self._held: list[Request] = []  # arrived, queued at the next step boundary
+        self.clock = SimClock(self.env)
+        self.scheduler = Scheduler(config, policy)
+        self.backend = SimBackend(
+            cost_model, config.step_mode == "event", self.clock, pipelined=pipelined
+        )
+        self.max_time = max_time
+        self.arrivals = SimArrivals(self.env, requests, max_time, arrivals_at_step_boundaries)
+        self.check_every = check_every
         self.stalled = 0  # requests left waiting when nothing could ever run them
 
     def run(self) -> RunRecords:
         env = self.env
-        env.process(self._arrivals())
-        engine = env.process(self._engine())
+        env.process(self.arrivals.process(self.scheduler))
+        end = math.inf if self.max_time is None else self.max_time
+        loop = serve(
+            self.scheduler, self.backend, self.arrivals, self.clock, end, self.check_every
+        )
+        engine = env.process(self._engine(loop))
         # The run allocates millions of short-lived objects and no garbage cycles of its own;
         # the cyclic collector would only rescan the caller's heap (a tokenised corpus, say).
         was_enabled = gc.isenabled()
@@ -101,87 +104,78 @@ class Simulation:
         self.scheduler.check_integrity()
         return self.scheduler.recorder.build()
 
-    def _arrivals(self):  # noqa: ANN202 - a SimPy process
-        env, sched = self.env, self.scheduler
-        end = math.inf if self.max_time is None else self.max_time
+    def _engine(self, loop):  # noqa: ANN001, ANN202 - a SimPy process around the loop
+        self.stalled = yield from loop
+
+
+class SimClock:
+    """The SimPy environment's clock; a waitable is a SimPy timeout."""
+
+    def __init__(self, env: simpy.Environment) -> None:
+        self.env = env
+
+    def now(self) -> float:
+        return self.env.now
+
+    def sleep(self, seconds: float) -> simpy.Event:
+        return self.env.timeout(seconds)
+
+    def until(self, t: float) -> simpy.Event:
+        return self.env.timeout(t - self.env.now)
+
+
+class SimArrivals:
+    """Requests handed to the scheduler by a SimPy process at their arrival times: at once, or
+    (``hold``) queued until the serving loop's next step boundary, as the engine does."""
+
+    def __init__(
+        self,
+        env: simpy.Environment,
+        requests: Sequence[Request],
+        max_time: float | None,
+        hold: bool,
+    ) -> None:
+        self.env = env
+        self.requests = sorted(requests, key=lambda r: (r.arrival_time, r.request_id))
+        self.end = math.inf if max_time is None else max_time
+        self.hold = hold
+        self.held: list[Request] = []  # arrived, queued at the next step boundary
+        self.done = False
+        self._wake: simpy.Event | None = None
+
+    def process(self, sched: Scheduler):  # noqa: ANN201 - a SimPy process
+        env = self.env
         for r in self.requests:
-            if r.arrival_time > end:
+            if r.arrival_time > self.end:
                 break
             dt = r.arrival_time - env.now
             if dt > 0:
                 yield env.timeout(dt)
-            if self._hold:
-                self._held.append(r)
+            if self.hold:
+                self.held.append(r)
             else:
                 sched.add(r)
-            if self._wake is not None and not self._wake.triggered:
-                self._wake.succeed()
-        self._arrivals_done = True
+            self._notify()
+        self.done = True
+        self._notify()
+
+    def _notify(self) -> None:
         if self._wake is not None and not self._wake.triggered:
             self._wake.succeed()
 
-    def _engine(self):  # noqa: ANN202 - a SimPy process
-        env, sched, backend = self.env, self.scheduler, self.backend
-        check_every = self.check_every
-        end = math.inf if self.max_time is None else self.max_time
-        held, wake_delay = self._held, self._wake_delay
-        woke = True  # the run's start counts as a wake-up
-        pipelined = self._pipelined
-        flight_end: float | None = None  # pipelined: when the step in flight ends
-        while env.now < end:
-            if held:
-                self._add_held()
-            if not sched.has_work:
-                if flight_end is not None:  # the engine reads the last step's tokens
-                    yield from self._until(flight_end)
-                    flight_end = None
-                    continue
-                if self._arrivals_done:
-                    return
-                yield from self._sleep()
-                woke = True
-                continue
-            if (woke or pipelined) and wake_delay is not None:
-                delay = wake_delay(sched.clock.step, env.now)
-                if delay > 0:
-                    yield env.timeout(delay)
-                    if held:
-                        self._add_held()
-            woke = False
-            plan = sched.schedule(env.now)
-            result = backend.execute(plan)
-            if pipelined:
-                start = env.now if flight_end is None else max(env.now, flight_end)
-                step_end = start + max(result.duration, 0.0)
-                sched.update(plan, result, step_end)
-                if flight_end is not None:
-                    yield from self._until(flight_end)
-                flight_end = None if plan.is_empty else step_end
-            else:
-                if result.duration > 0:
-                    yield env.timeout(result.duration)
-                sched.update(plan, result, env.now)
-            if check_every and plan.step % check_every == 0:
-                sched.check_integrity()
-            if plan.is_empty and not sched.running:  # the policy admits nothing until an arrival
-                if held:
-                    continue
-                if self._arrivals_done:
-                    self.stalled = sched.num_waiting
-                    return
-                yield from self._sleep()
-                woke = True
+    def admit(self, sched: Scheduler, now: float) -> None:
+        if self.held:
+            for r in self.held:
+                sched.add(r)
+            self.held.clear()
 
-    def _until(self, t: float):  # noqa: ANN202
-        if t > self.env.now:
-            yield self.env.timeout(t - self.env.now)
+    def due(self, now: float) -> bool:
+        return bool(self.held)
 
-    def _add_held(self) -> None:
-        for r in self._held:
-            self.scheduler.add(r)
-        self._held.clear()
+    @property
+    def exhausted(self) -> bool:
+        return self.done and not self.held
 
-    def _sleep(self):  # noqa: ANN202
+    def wait(self, now: float, end: float) -> simpy.Event:
         self._wake = self.env.event()
-        yield self._wake
-        self._wake = None
+        return self._wake
