@@ -3,7 +3,8 @@ the GPU engine and on the simulator from the same requests, side by side.
 
     python -m experiments.headline_engine export [--rate R] [--seeds 0 1 2] [--out DIR]
         [--policies P ...]     # CPU
-    python -m executor.replay --manifest gpu_inputs/headline_qwen2.5-7b/seed0/manifest.json \
+    python -m experiments.engine_replay \
+        --manifest gpu_inputs/headline_qwen2.5-7b/seed0/manifest.json \
         --out ENG/seed0        # GPU, one call per seed (~5 min); copy seed0/'s manifest and
                                # *.predictions.sha256 beside its records (compare rebuilds
                                # the predictions and checks them against that digest)
@@ -26,7 +27,8 @@ cost model fitted to the engine's online steps (``calibration/h200_<shape>_onlin
 the engine's loop (a step planned while the previous one runs, arrivals queued between steps)
 and the run's time limit. It reports each metric on both sides, per seed and as means, and the
 policy gains (horizon + learned over fcfs, sjf_prompt and horizon + oracle) as each side
-measures them; its LAST line is one JSON object.
+measures them, into ``headline_engine.json`` and the page rendered from it
+(``headline_engine.md``, whose hand-written notes are kept); its LAST line is one JSON object.
 """
 
 from __future__ import annotations
@@ -119,9 +121,6 @@ def export(
     Raises:
         ValueError: an unknown or repeated policy name.
     """
-    from experiments.workloads import DataSources
-    from horizon.workload.requests_file import save_requests
-
     names = [name for name, _, _ in POLICIES]
     chosen = names if policies is None else list(policies)
     unknown = sorted(set(chosen) - set(names))
@@ -130,45 +129,54 @@ def export(
     rate = _headline_load() if rate is None else float(rate)
     sources = None
     for seed in seeds:
-        cfgs = _setting(rate, seed)
-        cfg = cfgs["fcfs"]
-        sources = sources or DataSources(cfg.data)
-        requests = _requests(rate, seed, sources)
-        outdir = Path(out) / f"seed{seed}"
-        outdir.mkdir(parents=True, exist_ok=True)
-        save_requests(requests, outdir / "headline.json.gz")
-        specs = {}
-        for name, row, predictor in POLICIES:
-            if name not in chosen:
-                continue
-            c = cfgs[row]
-            pred_options = {}
-            if predictor == "prepared":
-                path = outdir / f"{name}.predictions"
-                _save_predictions(c, sources, requests, path)
-                pred_options = {"path": _repo_relative(path)}
-            specs[name] = PolicySpec(c.policy.name, dict(c.policy.options), predictor, pred_options)
-        sc = cfg.scheduler.scheduler_config(cfg.model.num_blocks, cfg.backend.step_mode)
-        sc = dataclasses.replace(sc, max_model_len=min(sc.max_model_len, MAX_MODEL_LEN))
-        last = max(r.arrival_time for r in requests)
-        case = Case("headline", "headline", cfg.workload.name, rate, seed, "headline.json.gz",
-                    tuple(specs), last + DRAIN_S)  # fmt: skip
-        Manifest(
-            model=cfg.model.shape,
-            scheduler=dataclasses.asdict(sc),
-            ttft_slo=cfg.slo.ttft,
-            itl_slo=cfg.slo.itl,
-            policies=specs,
-            cases=(case,),
-            notes={
-                "slo_preset": cfg.slo.name,
-                "drain_s": DRAIN_S,
-                "setting": "experiments.policy_gain.SETTING",
-                "num_requests": len(requests),
-            },
-        ).save(outdir / "manifest.json")
-        print(f"seed {seed}: {len(requests)} requests at {rate:g} req/s over {last:.1f} s "
-              f"-> {outdir}")  # fmt: skip
+        sources = _export_seed(rate, seed, chosen, Path(out) / f"seed{seed}", sources)
+
+
+def _export_seed(rate: float, seed: int, chosen: list[str], outdir: Path, sources):  # noqa: ANN001, ANN202
+    """One seed of ``export`` into ``outdir``; returns the data sources (loaded by the first
+    seed, reused by the next)."""
+    from experiments.workloads import DataSources
+    from horizon.workload.requests_file import save_requests
+
+    cfgs = _setting(rate, seed)
+    cfg = cfgs["fcfs"]
+    sources = sources or DataSources(cfg.data)
+    requests = _requests(rate, seed, sources)
+    outdir.mkdir(parents=True, exist_ok=True)
+    save_requests(requests, outdir / "headline.json.gz")
+    specs = {}
+    for name, row, predictor in POLICIES:
+        if name not in chosen:
+            continue
+        c = cfgs[row]
+        pred_options = {}
+        if predictor == "prepared":
+            path = outdir / f"{name}.predictions"
+            _save_predictions(c, sources, requests, path)
+            pred_options = {"path": _repo_relative(path)}
+        specs[name] = PolicySpec(c.policy.name, dict(c.policy.options), predictor, pred_options)
+    sc = cfg.scheduler.scheduler_config(cfg.model.num_blocks, cfg.backend.step_mode)
+    sc = dataclasses.replace(sc, max_model_len=min(sc.max_model_len, MAX_MODEL_LEN))
+    last = max(r.arrival_time for r in requests)
+    case = Case("headline", "headline", cfg.workload.name, rate, seed, "headline.json.gz",
+                tuple(specs), last + DRAIN_S)  # fmt: skip
+    Manifest(
+        model=cfg.model.shape,
+        scheduler=dataclasses.asdict(sc),
+        ttft_slo=cfg.slo.ttft,
+        itl_slo=cfg.slo.itl,
+        policies=specs,
+        cases=(case,),
+        notes={
+            "slo_preset": cfg.slo.name,
+            "drain_s": DRAIN_S,
+            "setting": "experiments.policy_gain.SETTING",
+            "num_requests": len(requests),
+        },
+    ).save(outdir / "manifest.json")
+    print(f"seed {seed}: {len(requests)} requests at {rate:g} req/s over {last:.1f} s "
+          f"-> {outdir}")  # fmt: skip
+    return sources
 
 
 def _save_predictions(cfg, sources, requests: list, path: Path) -> None:  # noqa: ANN001
@@ -255,6 +263,10 @@ def compare(
     range over those seeds is set beside the engine's: whether a run's figure is one the
     simulator's own spread reaches.
 
+    Writes ``headline_engine.json`` (the returned dict) and the page ``headline_engine.md``
+    rendered from it (``experiments.headline_page``) into ``out`` (default
+    ``results/headline_engine``).
+
     Raises:
         ValueError: ``noise_seeds`` with a ``cost_scale`` other than 1 (the scatter is that of
             the fitted model's own steps), or below 0.
@@ -263,11 +275,27 @@ def compare(
         raise ValueError(
             f"noise_seeds must be >= 0 and needs cost_scale 1 (got {noise_seeds}, {cost_scale})"
         )
-    from experiments.fidelity_compare import case_meta
-
     seed_dirs = sorted(Path(engine_root).glob("seed*"), key=lambda d: int(d.name[4:]))
     if not seed_dirs:
         raise FileNotFoundError(f"{engine_root}: no seed<s>/ folders of engine runs")
+    per_seed, m = _compare_seeds(seed_dirs, cost_scale, noise_seeds)
+    where = Path(out or REPO / "results" / "headline_engine")
+    result = _result(per_seed, m, seed_dirs[-1], cost_scale, noise_seeds)
+    result |= _conditions(m, seed_dirs, Path(engine_root), where)
+    _write(result, where)
+    print(json.dumps({k: result[k] for k in ("rate", "seeds", "gain", "goodput_err_pts")}))
+    return result
+
+
+def _compare_seeds(
+    seed_dirs: list[Path], cost_scale: float, noise_seeds: int
+) -> tuple[dict[int, dict], Manifest]:
+    """Each seed's runs beside the simulator's (``_compare_seed``), by seed; and the last
+    seed's manifest.
+
+    Raises:
+        ValueError: a seed's setting differs from the first seed's.
+    """
     per_seed: dict[int, dict] = {}
     m: Manifest | None = None
     cost = None  # the setting, hence the model, is the same for every seed: loaded once
@@ -287,37 +315,20 @@ def compare(
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     assert m is not None
+    return per_seed, m
+
+
+def _result(
+    per_seed: dict[int, dict], m: Manifest, last_dir: Path, cost_scale: float, noise_seeds: int
+) -> dict:
+    """The comparison's figures: per seed, means and spreads over seeds, gains, the worst
+    goodput gap; with the setting and the engine's GPU and software (``last_dir``'s runs)."""
+    from experiments.fidelity_compare import case_meta
+
     (case,) = m.of_role("headline")
-    meta = case_meta(seed_dirs[-1], case)
-    policies = list(next(iter(per_seed.values())))
-    mean = {
-        p: {
-            k: {side: float(np.mean([per_seed[s][p][k][side] for s in per_seed])) for side in SIDES}
-            for k in METRICS
-        }
-        for p in policies
-    }
-    spread = {
-        p: {
-            side: [
-                min(per_seed[s][p]["goodput_lifetime"][side] for s in per_seed),
-                max(per_seed[s][p]["goodput_lifetime"][side] for s in per_seed),
-            ]
-            for side in SIDES
-        }
-        for p in policies
-    }
-
-    def gain(a: str, b: str, metric: str, side: str) -> float | None:
-        den = mean[b][metric][side]
-        return round(mean[a][metric][side] / den, 3) if den else None
-
-    pairs = [  # those whose two policies ran (an export may hold a subset)
-        ("horizon_learned", b)
-        for b in ("fcfs", "sjf_prompt", "horizon_oracle")
-        if "horizon_learned" in mean and b in mean
-    ]
-    result = {
+    meta = case_meta(last_dir, case)
+    mean = _means(per_seed)
+    return {
         "rate": case.rate,
         "seeds": sorted(per_seed),
         "num_requests": m.notes.get("num_requests"),
@@ -332,8 +343,59 @@ def compare(
         "noise_seeds": noise_seeds,
         "engine_in_noise_band": _in_band(per_seed) if noise_seeds else None,
         "mean": mean,
-        "goodput_spread": spread,
+        "goodput_spread": _spread(per_seed),
         "per_seed": per_seed,
+        **_gains(mean),
+        "goodput_err_pts": {
+            "mean": _worst_gap(mean.values()),
+            "per_seed": _worst_gap(r for rows in per_seed.values() for r in rows.values()),
+        },
+    }
+
+
+def _means(per_seed: dict[int, dict]) -> dict:
+    """Policy -> metric -> side -> the mean over seeds."""
+    policies = list(next(iter(per_seed.values())))
+    return {
+        p: {
+            k: {side: float(np.mean([per_seed[s][p][k][side] for s in per_seed])) for side in SIDES}
+            for k in METRICS
+        }
+        for p in policies
+    }
+
+
+def _spread(per_seed: dict[int, dict]) -> dict:
+    """Policy -> side -> [min, max] of the goodput over seeds."""
+    policies = list(next(iter(per_seed.values())))
+    return {
+        p: {
+            side: [
+                min(per_seed[s][p]["goodput_lifetime"][side] for s in per_seed),
+                max(per_seed[s][p]["goodput_lifetime"][side] for s in per_seed),
+            ]
+            for side in SIDES
+        }
+        for p in policies
+    }
+
+
+def _gains(mean: dict) -> dict:
+    """``gain``: horizon + learned's mean goodput over each other policy's, per side, for the
+    pairs whose two policies ran (an export may hold a subset); ``throughput_vs_fcfs``: the
+    same of throughput over fcfs's (None without both)."""
+
+    def gain(a: str, b: str, metric: str, side: str) -> float | None:
+        den = mean[b][metric][side]
+        return round(mean[a][metric][side] / den, 3) if den else None
+
+    pairs = [
+        ("horizon_learned", b)
+        for b in ("fcfs", "sjf_prompt", "horizon_oracle")
+        if "horizon_learned" in mean and b in mean
+    ]
+    both = {"horizon_learned", "fcfs"} <= set(mean)
+    return {
         "gain": {
             f"{a}_vs_{b}": {side: gain(a, b, "goodput_lifetime", side) for side in SIDES}
             for a, b in pairs
@@ -341,31 +403,41 @@ def compare(
         "throughput_vs_fcfs": {
             side: gain("horizon_learned", "fcfs", "throughput_tok_s", side) for side in SIDES
         }
-        if {"horizon_learned", "fcfs"} <= set(mean)
+        if both
         else None,
-        "goodput_err_pts": {
-            "mean": round(
-                100
-                * max(
-                    abs(r["goodput_lifetime"]["engine"] - r["goodput_lifetime"]["sim"])
-                    for r in mean.values()
-                ),
-                2,
-            ),
-            "per_seed": round(
-                100
-                * max(
-                    abs(r["goodput_lifetime"]["engine"] - r["goodput_lifetime"]["sim"])
-                    for rows in per_seed.values()
-                    for r in rows.values()
-                ),
-                2,
-            ),
-        },  # fmt: skip
     }
-    _write(result, Path(out or REPO / "results" / "headline_engine"))
-    print(json.dumps({k: result[k] for k in ("rate", "seeds", "gain", "goodput_err_pts")}))
-    return result
+
+
+def _worst_gap(rows) -> float:  # noqa: ANN001 - an iterable of {metric: {side: value}}
+    """The largest engine-simulator goodput gap of ``rows``, in points (2 decimals)."""
+    gaps = [abs(r["goodput_lifetime"]["engine"] - r["goodput_lifetime"]["sim"]) for r in rows]
+    return round(100 * max(gaps), 2)
+
+
+def _conditions(m: Manifest, seed_dirs: list[Path], engine_root: Path, where: Path) -> dict:
+    """What the page names beside the figures: workload, SLO, scheduler, the engine runs'
+    folder, dates and commits, and the report's folder."""
+    from experiments.fidelity_compare import engine_dates
+
+    (case,) = m.of_role("headline")
+    metas = [
+        json.loads(f.read_text())
+        for d in seed_dirs
+        for f in sorted((d / case.name).glob("*/meta.json"))
+    ]
+    return {
+        "workload": case.workload,
+        "slo": {
+            "ttft_s": m.ttft_slo,
+            "itl_s": m.itl_slo,
+            "preset": m.notes.get("slo_preset"),
+            "goodput": "lifetime",
+        },
+        "scheduler": m.scheduler,
+        "drain_s": m.notes.get("drain_s"),
+        "engine": {"dir": _repo_relative(engine_root), **engine_dates(metas)},
+        "report_dir": _repo_relative(where),
+    }
 
 
 def _in_band(per_seed: dict) -> str:
@@ -469,87 +541,13 @@ def _calibration(model: str) -> str:
 
 
 def _write(result: dict, where: Path) -> None:
+    """``headline_engine.json`` and the page rendered from it, into ``where``; prints the page."""
+    from experiments.headline_page import write_page
+
     where.mkdir(parents=True, exist_ok=True)
     (where / "headline_engine.json").write_text(json.dumps(result, indent=1) + "\n")
-    heads = [
-        ("throughput_tok_s", "throughput (tok/s)", "{:.0f}"),
-        ("ttft_p99", "p99 TTFT (s)", "{:.2f}"),
-        ("itl_p99", "p99 ITL (ms)", "{:.1f}"),
-        ("recompute_waste", "recompute waste", "{:.3f}"),
-        ("preemptions", "preemptions", "{:.0f}"),
-    ]
-    seeds = result["seeds"]
-    lines = [
-        f"{result['model']} on {result['gpu']} ({result['date']}), {result['num_requests']} "
-        f"requests per run at {result['rate']:g} req/s, seeds {seeds}; engine / simulator, "
-        "means over seeds (goodput with [min, max]).",
-        "",
-        "| policy | lifetime goodput | "
-        + " | ".join(f"goodput, seed {s}" for s in seeds)
-        + " | "
-        + " | ".join(h for _, h, _ in heads)
-        + " |",
-        "|---|" + "---|" * (1 + len(seeds) + len(heads)),
-    ]
-    for p, r in result["mean"].items():
-        g, sp = r["goodput_lifetime"], result["goodput_spread"][p]
-        cells = [
-            f"{g['engine']:.3f} [{sp['engine'][0]:.3f}, {sp['engine'][1]:.3f}] / "
-            f"{g['sim']:.3f} [{sp['sim'][0]:.3f}, {sp['sim'][1]:.3f}]"
-        ]
-        for s in seeds:
-            gs = result["per_seed"][s][p]["goodput_lifetime"]
-            cells.append(f"{gs['engine']:.3f} / {gs['sim']:.3f}")
-        for k, _, fmt in heads:
-            scale = 1e3 if k == "itl_p99" else 1.0
-            cells.append(
-                f"{fmt.format(r[k]['engine'] * scale)} / {fmt.format(r[k]['sim'] * scale)}"
-            )
-        lines.append(f"| {p} | " + " | ".join(cells) + " |")
-    lines.append("")
-    for k, v in result["gain"].items():
-        pair = k.replace("_vs_", " / ")
-        lines.append(f"- goodput {pair} (means): engine {v['engine']}, simulator {v['sim']}")
-    t = result["throughput_vs_fcfs"]
-    if t is not None:
-        lines.append(
-            f"- throughput horizon_learned / fcfs: engine {t['engine']}, simulator {t['sim']}"
-        )
-    lines += [
-        "",
-        "The cost model on each engine run's own steps (%; bias: modelled over measured time, "
-        "minus 1):",
-        "",
-        "| seed | policy | steps | bias | decode-only bias | MAPE | MAPE, mixed steps |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for seed in seeds:
-        for p, r in result["per_seed"][seed].items():
-            st = r["steps"]
-            lines.append(
-                f"| {seed} | {p} | {st['count']} | {st['bias_pct']:+.2f} | "
-                f"{st['decode_bias_pct']:+.2f} | {st['mape_pct']['all']:.2f} | "
-                f"{st['mape_pct']['mixed']:.2f} |"
-            )
-    if result.get("noise_seeds"):
-        lines += [
-            "",
-            f"Goodput with the engine's step-time scatter (the simulator over noise seeds 0-"
-            f"{result['noise_seeds'] - 1}, min-max); the engine's figure lies in that range "
-            f"(within half a point) in {result['engine_in_noise_band']} runs:",
-            "",
-            "| seed | policy | engine | simulator | simulator with scatter |",
-            "|---|---|---|---|---|",
-        ]
-        for seed in seeds:
-            for p, r in result["per_seed"][seed].items():
-                g, (lo, hi) = r["goodput_lifetime"], r["goodput_noise_band"]
-                lines.append(
-                    f"| {seed} | {p} | {g['engine']:.3f} | {g['sim']:.3f} | {lo:.3f}-{hi:.3f} |"
-                )
-    text = "\n".join(lines) + "\n"
-    (where / "headline_engine.md").write_text(text)
-    print(text)
+    doc = json.loads((where / "headline_engine.json").read_text())
+    print(write_page(doc, where / "headline_engine.md"))
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -209,3 +209,64 @@ def _plan():
 
     reqs = [Request(i, 0.0, 100, 10, 10) for i in range(8)]
     return StepPlan(0, 0.0, tuple(reqs), (), decode_context_tokens=8 * 300)
+
+
+def _doc(noise_seeds: int = 3) -> dict:
+    """A small headline_engine.json as written: one seed, fcfs and horizon_learned."""
+
+    def run(goodput: float, scale: float) -> dict:
+        r = {k: {"engine": scale * (i + 1.5), "sim": scale * (i + 1.25)}
+             for i, k in enumerate(he.METRICS)}  # fmt: skip
+        r["goodput_lifetime"] = {"engine": goodput, "sim": goodput - 0.1}
+        r["steps"] = {"count": 900, "mape_pct": {"all": 2.5, "decode_only": 2.0, "mixed": 6.25},
+                      "bias_pct": 0.5, "decode_bias_pct": None}  # fmt: skip
+        r["goodput_noise_band"] = [goodput - 0.2, goodput] if noise_seeds else None
+        return r
+
+    per_seed = {0: {"fcfs": run(0.6, 1.0), "horizon_learned": run(0.9, 2.0)}}
+    mean = he._means(per_seed)
+    doc = {
+        "rate": 59.51, "seeds": [0], "num_requests": 40, "max_time_s": 98.04,
+        "model": "qwen2.5-7b", "gpu": "NVIDIA H200", "date": "2026-11-29", "torch": "2.11",
+        "triton": "3.6", "cost_model": "calibration/x.csv.gz", "cost_scale": 1.0,
+        "noise_seeds": noise_seeds, "engine_in_noise_band": "1/2" if noise_seeds else None,
+        "mean": mean, "goodput_spread": he._spread(per_seed), "per_seed": per_seed,
+        **he._gains(mean), "goodput_err_pts": {"mean": 10.0, "per_seed": 10.0},
+        "workload": "sharegpt_first_turn",
+        "slo": {"ttft_s": 1.0, "itl_s": 0.05, "preset": "h200_7b", "goodput": "lifetime"},
+        "scheduler": {"num_blocks": 3000}, "drain_s": 30.0,
+        "engine": {"dir": "ENG", "dates": ["2026-11-29"], "commits": []}, "report_dir": "OUT",
+    }  # fmt: skip
+    return json.loads(json.dumps(doc))
+
+
+def _halved(x):  # noqa: ANN001, ANN202
+    if isinstance(x, dict):
+        return {k: _halved(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_halved(v) for v in x]
+    return x / 2 if isinstance(x, float) else x
+
+
+def test_the_page_renders_the_json_and_no_sentence_depends_on_a_figure(tmp_path):
+    from experiments.headline_page import write_page
+
+    doc = _doc()
+    page = write_page(doc, tmp_path / "a.md")
+    assert "| fcfs | 0.600 [0.600, 0.600] / 0.500 [0.500, 0.500] | 0.600 / 0.500 |" in page
+    assert "| goodput horizon_learned / fcfs | 1.5 | 1.6 |" in page
+    assert "| throughput horizon_learned / fcfs | 2.0 | 2.0 |" in page
+    assert "| 0 | fcfs | 900 | +0.50 | - | 2.50 | 6.25 |" in page  # no decode-only steps
+    assert "| 0 | horizon_learned | 0.900 | 0.800 | 0.700-0.900 |" in page
+    assert "TTFT ≤ 1 s and every ITL ≤ 50 ms" in page and "1 seed (0) × 40 requests" in page
+    assert "compare ENG --out OUT --noise-seeds 3" in page
+    figures = ("mean", "goodput_spread", "per_seed", "gain", "throughput_vs_fcfs")
+    half = write_page({**doc, **{k: _halved(doc[k]) for k in figures}}, tmp_path / "b.md")
+    assert half != page
+
+    def prose(text: str) -> list[str]:
+        return [ln for ln in text.splitlines() if not ln.startswith("|")]
+
+    assert prose(half) == prose(page)
+    bare = write_page(_doc(noise_seeds=0), tmp_path / "c.md")
+    assert "(not simulated: `--noise-seeds 0`)" in bare and "simulator with scatter" not in bare
