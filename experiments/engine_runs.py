@@ -4,7 +4,8 @@
     python -m experiments.engine_runs import ENGINE_DIR RUN_DIR [hydra overrides...]
 
 ``export`` builds the requests of a run config (the same overrides as ``experiments.run``) and
-saves them (``horizon.workload.requests_file``) for ``experiments.engine_replay`` on the GPU machine.
+saves them (``horizon.workload.requests_file``) for ``experiments.engine_replay`` on the GPU
+machine.
 ``import`` reads what the replay wrote (``records.npz``, ``meta.json``) and writes the run
 directory layout of a simulator run (records as Parquet, ``summary.json`` with the metrics under
 the config's SLO), with ``backend: engine``, so ``experiments.plot`` and the comparison read both

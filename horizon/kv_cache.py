@@ -9,7 +9,7 @@ request ``r`` holding table ``T`` (``bs`` = block size):
 
 Only *prompt* blocks are hashed: generated tokens differ between backends (placeholders in the
 simulator), so sharing stops at the prompt. A prefix hit never covers a request's last token
-(DESIGN.md), so every request computes at least one token and produces logits (a recompute
+(docs/design.md), so every request computes at least one token and produces logits (a recompute
 prefill keeps two, so that its counters still read as a prefill).
 """
 

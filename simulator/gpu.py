@@ -29,7 +29,8 @@ class GpuSpec:
 
 
 _GPUS = {
-    # DESIGN.md: ≈ 4.2 TB/s copy bandwidth and ≈ 790 TFLOP/s dense bf16, measured on an H200.
+    # docs/design.md, "Engine notes": ≈ 4.2 TB/s copy bandwidth and ≈ 790 TFLOP/s dense bf16,
+    # measured on an H200.
     "H200": GpuSpec("H200", mem_bandwidth=4.2e12, peak_flops=790e12, memory_bytes=141e9),
 }
 

@@ -22,7 +22,7 @@ from . import paged_decode_attention, paged_prefill_attention, write_kv
 from .testing import PagedCase, make_paged_case, tolerance
 from .tiling import decode_num_splits
 
-H200_BANDWIDTH_GBS = 4200.0  # measured copy bandwidth, DESIGN.md "Engine notes"
+H200_BANDWIDTH_GBS = 4200.0  # measured copy bandwidth, docs/design.md "Engine notes"
 DEVICE = torch.device("cuda")
 
 

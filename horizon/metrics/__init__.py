@@ -1,4 +1,4 @@
-"""Run records and the pure functions over them (DESIGN.md, Metrics).
+"""Run records and the pure functions over them (docs/design.md, "Metrics").
 
 Recording lives in the backends; this package only stores the schema (``records``) and computes:
 latencies (``latency``), goodput (``goodput``), throughput, waste, KV utilisation, fairness, and

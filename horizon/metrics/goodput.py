@@ -1,6 +1,6 @@
 """Goodput: the share (and rate) of requests that met their latency targets.
 
-Two kinds; always say which one a number is (DESIGN.md, Metrics):
+Two kinds; always say which one a number is (docs/design.md, "Metrics"):
 
 - **Lifetime goodput** (Horizon's): a request is good iff it finished, TTFT <= SLO.ttft and
   *every* ITL <= SLO.itl. A request with a single token has no ITL and is good on ITL.

@@ -1,7 +1,8 @@
 """Per-request latencies over ``RunRecords``: TTFT, ITL, TPOT, E2E and queue wait.
 
-Names as a vLLM user knows them (DESIGN.md, Metrics). Every function is vectorised over the flat
-``token_times`` and its CSR ``token_offsets``; none loops over requests or tokens in Python.
+Names as a vLLM user knows them (docs/design.md, "Metrics"). Every function is vectorised over
+the flat ``token_times`` and its CSR ``token_offsets``; none loops over requests or tokens in
+Python.
 
 Per-request functions return a float64 array of length N (one value per request row), NaN where
 the value is undefined for that request; ``itl`` is the one flat array (one value per gap).
