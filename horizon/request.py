@@ -120,42 +120,15 @@ class Request:
         turn_index: int = 0,
         output_token_ids: tuple[int, ...] | None = None,
     ) -> None:
-        if not isinstance(arrival_time, (int, float)) or not math.isfinite(arrival_time):
-            raise ValueError(
-                f"request {request_id}: arrival_time must be finite, got {arrival_time!r}"
-            )
-        if arrival_time < 0:
-            raise ValueError(
-                f"request {request_id}: arrival_time must be >= 0, got {arrival_time!r}"
-            )
-        if not isinstance(num_prompt_tokens, int) or num_prompt_tokens < 1:
-            raise ValueError(
-                f"request {request_id}: num_prompt_tokens must be an int >= 1, "
-                f"got {num_prompt_tokens!r}"
-            )
-        if not isinstance(max_output_tokens, int) or max_output_tokens < 1:
-            raise ValueError(
-                f"request {request_id}: max_output_tokens must be an int >= 1, "
-                f"got {max_output_tokens!r}"
-            )
-        if (
-            not isinstance(true_output_tokens, int)
-            or not 1 <= true_output_tokens <= max_output_tokens
-        ):
-            raise ValueError(
-                f"request {request_id}: true_output_tokens must be an int in 1..max_output_tokens "
-                f"({max_output_tokens}), got {true_output_tokens!r}"
-            )
-        if prompt_token_ids is not None and len(prompt_token_ids) != num_prompt_tokens:
-            raise ValueError(
-                f"request {request_id}: len(prompt_token_ids)={len(prompt_token_ids)} differs from "
-                f"num_prompt_tokens={num_prompt_tokens}"
-            )
-        if output_token_ids is not None and len(output_token_ids) != true_output_tokens:
-            raise ValueError(
-                f"request {request_id}: len(output_token_ids)={len(output_token_ids)} differs "
-                f"from true_output_tokens={true_output_tokens}"
-            )
+        _check_fields(
+            request_id,
+            arrival_time,
+            num_prompt_tokens,
+            max_output_tokens,
+            true_output_tokens,
+            prompt_token_ids,
+            output_token_ids,
+        )
         self.request_id = request_id
         self.arrival_time = float(arrival_time)
         self.num_prompt_tokens = num_prompt_tokens
@@ -251,4 +224,45 @@ class Request:
         return (
             f"Request(id={self.request_id}, t={self.arrival_time:.3f}, P={self.num_prompt_tokens}, "
             f"C={self.num_computed_tokens}, G={self.num_output_tokens}, {self.status.value})"
+        )
+
+
+def _check_fields(
+    request_id: int,
+    arrival_time: float,
+    num_prompt_tokens: int,
+    max_output_tokens: int,
+    true_output_tokens: int,
+    prompt_token_ids: tuple[int, ...] | None,
+    output_token_ids: tuple[int, ...] | None,
+) -> None:
+    """Raise ValueError naming the first of ``Request``'s fields a workload got wrong."""
+    if not isinstance(arrival_time, (int, float)) or not math.isfinite(arrival_time):
+        raise ValueError(f"request {request_id}: arrival_time must be finite, got {arrival_time!r}")
+    if arrival_time < 0:
+        raise ValueError(f"request {request_id}: arrival_time must be >= 0, got {arrival_time!r}")
+    if not isinstance(num_prompt_tokens, int) or num_prompt_tokens < 1:
+        raise ValueError(
+            f"request {request_id}: num_prompt_tokens must be an int >= 1, "
+            f"got {num_prompt_tokens!r}"
+        )
+    if not isinstance(max_output_tokens, int) or max_output_tokens < 1:
+        raise ValueError(
+            f"request {request_id}: max_output_tokens must be an int >= 1, "
+            f"got {max_output_tokens!r}"
+        )
+    if not isinstance(true_output_tokens, int) or not 1 <= true_output_tokens <= max_output_tokens:
+        raise ValueError(
+            f"request {request_id}: true_output_tokens must be an int in 1..max_output_tokens "
+            f"({max_output_tokens}), got {true_output_tokens!r}"
+        )
+    if prompt_token_ids is not None and len(prompt_token_ids) != num_prompt_tokens:
+        raise ValueError(
+            f"request {request_id}: len(prompt_token_ids)={len(prompt_token_ids)} differs from "
+            f"num_prompt_tokens={num_prompt_tokens}"
+        )
+    if output_token_ids is not None and len(output_token_ids) != true_output_tokens:
+        raise ValueError(
+            f"request {request_id}: len(output_token_ids)={len(output_token_ids)} differs "
+            f"from true_output_tokens={true_output_tokens}"
         )
