@@ -81,8 +81,23 @@ def build_workload(
     """
     _check_inputs(config, tokenized, trace)
     sample_seed, arrival_seed = np.random.SeedSequence(config.seed).spawn(2)
-    limits = LengthFilter.from_config(config)
     tally = FilterTally()
+    specs, trace_times = _specs(config, tokenized, trace, tally, sample_seed)
+    times = _arrival_times(config, trace_times, np.random.default_rng(arrival_seed))
+    requests = _requests(config, tokenized, specs, times)
+    stats = _stats(config, tokenized, trace, specs, tally)
+    return Workload(config=config, requests=requests, stats=stats)
+
+
+def _specs(
+    config: WorkloadConfig,
+    tokenized: TokenizedCorpus | None,
+    trace: AzureTrace | None,
+    tally: FilterTally,
+    sample_seed: np.random.SeedSequence,
+) -> tuple[list[RequestSpec], np.ndarray | None]:
+    """The sampled requests' specs, and the trace times their arrivals replay (if any)."""
+    limits = LengthFilter.from_config(config)
     trace_times: np.ndarray | None = None
     if config.source == "azure":
         assert trace is not None
@@ -94,11 +109,20 @@ def build_workload(
         specs = _sharegpt_specs(config, tokenized, limits, tally, rng)
         if trace is not None:
             trace_times = trace.times
-    times = _arrival_times(config, trace_times, np.random.default_rng(arrival_seed))
+    return specs, trace_times
+
+
+def _requests(
+    config: WorkloadConfig,
+    tokenized: TokenizedCorpus | None,
+    specs: list[RequestSpec],
+    times: np.ndarray,
+) -> tuple[Request, ...]:
+    """The specs as requests numbered in arrival order, with the config's SLO and limit."""
     slo = None
     if config.slo_ttft is not None and config.slo_itl is not None:
         slo = SLO(config.slo_ttft, config.slo_itl)
-    requests = tuple(
+    return tuple(
         Request(
             request_id=i,
             arrival_time=float(t),
@@ -113,8 +137,6 @@ def build_workload(
         )
         for i, (s, t) in enumerate(zip(specs, times, strict=True))
     )
-    stats = _stats(config, tokenized, trace, specs, tally)
-    return Workload(config=config, requests=requests, stats=stats)
 
 
 def reply_token_ids(tokenized: TokenizedCorpus | None, spec: RequestSpec) -> tuple[int, ...]:
