@@ -88,15 +88,25 @@ def summarize(
     prefix_hit_rate,
     prefill_chunk_waste, kv_util_mean, kv_util_max, fairness_jain.
     """
-    n = rec.num_requests
     finished = rec.status == STATUS_FINISHED
+    out = _counts(rec, finished, slo, tpot_goodput)
+    out.update(_latencies(rec, finished))
+    out.update(_usage(rec))
+    return out
+
+
+def _counts(
+    rec: RunRecords,
+    finished: np.ndarray,
+    slo: SLOLike | None,
+    tpot_goodput: tuple[float, float] | None,
+) -> dict[str, float | int]:
+    """Requests by outcome, the run's duration and both goodputs."""
+    n = rec.num_requests
     good_life = int(np.count_nonzero(lifetime_good(rec, slo)))
     ttft_max, tpot_max = tpot_goodput if tpot_goodput is not None else (None, None)
     good_tpot = int(np.count_nonzero(tpot_good(rec, ttft_max, tpot_max, slo)))
-    gaps = itl(rec, select=finished)
-    waits = queue_wait(rec, until=run_span(rec)[1])
-
-    out: dict[str, float | int] = {
+    return {
         "requests": n,
         "finished": int(np.count_nonzero(finished)),
         "rejected": int(np.count_nonzero(rec.status == STATUS_REJECTED)),
@@ -107,28 +117,36 @@ def summarize(
         "goodput_tpot": _share(good_tpot, n),
         "goodput_tpot_rps": per_second(good_tpot, rec),
     }
-    out.update(_distribution("ttft", np.where(finished, ttft(rec), np.nan)))
+
+
+def _latencies(rec: RunRecords, finished: np.ndarray) -> dict[str, float]:
+    """TTFT, ITL, TPOT and end-to-end distributions of finished requests; queue waits."""
+    gaps = itl(rec, select=finished)
+    waits = queue_wait(rec, until=run_span(rec)[1])
+    out = _distribution("ttft", np.where(finished, ttft(rec), np.nan))
     out.update(_distribution("itl", gaps))
     out["itl_max"] = _max(gaps)
     out.update(_distribution("tpot", tpot(rec)))
     out.update(_distribution("e2e", e2e(rec)))
-    out.update(
-        {
-            "queue_wait_mean": _mean(waits),
-            "queue_wait_p99": float(percentiles(waits, (99,))[0]),
-            "queue_wait_max": _max(waits),
-            "throughput_tok_s": output_throughput(rec),
-            "throughput_total_tok_s": total_throughput(rec),
-            "throughput_req_s": request_throughput(rec),
-            "output_tokens": int(len(rec.token_times)),
-            "preemptions": preemptions(rec),
-            "preempted_requests": preempted_requests(rec),
-            "recompute_waste": recompute_waste(rec),
-            "prefix_hit_rate": prefix_hit_rate(rec),
-            "prefill_chunk_waste": prefill_chunk_waste(rec),
-            "kv_util_mean": kv_utilisation_mean(rec),
-            "kv_util_max": kv_utilisation_max(rec),
-            "fairness_jain": fairness_jain(rec),
-        }
-    )
+    out["queue_wait_mean"] = _mean(waits)
+    out["queue_wait_p99"] = float(percentiles(waits, (99,))[0])
+    out["queue_wait_max"] = _max(waits)
     return out
+
+
+def _usage(rec: RunRecords) -> dict[str, float | int]:
+    """Throughput, preemption and recompute waste, prefix hits, KV use and fairness."""
+    return {
+        "throughput_tok_s": output_throughput(rec),
+        "throughput_total_tok_s": total_throughput(rec),
+        "throughput_req_s": request_throughput(rec),
+        "output_tokens": int(len(rec.token_times)),
+        "preemptions": preemptions(rec),
+        "preempted_requests": preempted_requests(rec),
+        "recompute_waste": recompute_waste(rec),
+        "prefix_hit_rate": prefix_hit_rate(rec),
+        "prefill_chunk_waste": prefill_chunk_waste(rec),
+        "kv_util_mean": kv_utilisation_mean(rec),
+        "kv_util_max": kv_utilisation_max(rec),
+        "fairness_jain": fairness_jain(rec),
+    }
