@@ -114,19 +114,7 @@ def synthetic_records(num_requests: int, mean_tokens: int, seed: int = 0) -> Run
     counts[(status == UNF) & (rng.random(n) < 0.5)] = 0
     offsets = np.zeros(n + 1, dtype=np.int64)
     offsets[1:] = np.cumsum(counts)
-    m = int(offsets[-1])
-    owner = np.repeat(np.arange(n), counts)
-    first = arrival + rng.exponential(0.2, n)
-    gaps = rng.exponential(0.02, m)
-    gaps[offsets[:-1][counts > 0]] = 0.0  # each request's first token sits at its `first`
-    within = np.cumsum(gaps) - np.repeat(
-        np.cumsum(gaps)[offsets[:-1][counts > 0]], counts[counts > 0]
-    )
-    token_times = first[owner] + within
-    end = float(token_times.max()) + 0.01
-    num_steps = max(m // 10, 1)
-    step_end = np.linspace(arrival[0] + 0.01, end, num_steps)
-    step_start = step_end - 0.005
+    token_times = _synthetic_token_times(rng, arrival, counts, offsets)
     true_out = np.where(status == FIN, counts, counts + 7)
     prompt = rng.integers(10, 2000, n)
     recomputed = np.where(rng.random(n) < 0.05, rng.integers(1, 500, n), 0)
@@ -148,18 +136,44 @@ def synthetic_records(num_requests: int, mean_tokens: int, seed: int = 0) -> Run
         cached_tokens=(prompt // 4).astype(np.int64),
         token_times=token_times,
         token_offsets=offsets,
-        step_start=step_start,
-        step_end=step_end,
-        prefill_tokens=rng.integers(0, 400, num_steps).astype(np.int32),
-        decode_tokens=rng.integers(0, 100, num_steps).astype(np.int32),
-        num_running=rng.integers(0, 100, num_steps).astype(np.int32),
-        num_waiting=rng.integers(0, 5, num_steps).astype(np.int32),
-        kv_used_blocks=rng.integers(0, 1000, num_steps).astype(np.int32),
-        token_budget=np.full(num_steps, 512, dtype=np.int32),
-        **{c: rng.integers(0, 9, num_steps) for c in STEP_PLAN_COLUMNS},
+        **_synthetic_steps(rng, float(arrival[0]), float(token_times.max()), len(token_times)),
         num_kv_blocks=1000,
         block_size=16,
     )
+
+
+def _synthetic_token_times(
+    rng: np.random.Generator, arrival: np.ndarray, counts: np.ndarray, offsets: np.ndarray
+) -> np.ndarray:
+    """Each request's token times: its first a random wait after arrival, then random gaps."""
+    n, m = len(arrival), int(offsets[-1])
+    owner = np.repeat(np.arange(n), counts)
+    first = arrival + rng.exponential(0.2, n)
+    gaps = rng.exponential(0.02, m)
+    gaps[offsets[:-1][counts > 0]] = 0.0  # each request's first token sits at its `first`
+    within = np.cumsum(gaps) - np.repeat(
+        np.cumsum(gaps)[offsets[:-1][counts > 0]], counts[counts > 0]
+    )
+    return first[owner] + within
+
+
+def _synthetic_steps(
+    rng: np.random.Generator, first_arrival: float, last_token: float, num_tokens: int
+) -> dict[str, np.ndarray]:
+    """Step columns: one step per 10 tokens, evenly spread to just after the last token."""
+    num_steps = max(num_tokens // 10, 1)
+    step_end = np.linspace(first_arrival + 0.01, last_token + 0.01, num_steps)
+    return {
+        "step_start": step_end - 0.005,
+        "step_end": step_end,
+        "prefill_tokens": rng.integers(0, 400, num_steps).astype(np.int32),
+        "decode_tokens": rng.integers(0, 100, num_steps).astype(np.int32),
+        "num_running": rng.integers(0, 100, num_steps).astype(np.int32),
+        "num_waiting": rng.integers(0, 5, num_steps).astype(np.int32),
+        "kv_used_blocks": rng.integers(0, 1000, num_steps).astype(np.int32),
+        "token_budget": np.full(num_steps, 512, dtype=np.int32),
+        **{c: rng.integers(0, 9, num_steps) for c in STEP_PLAN_COLUMNS},
+    }
 
 
 def test_make_records_builds_valid_csr_records():
