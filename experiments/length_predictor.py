@@ -8,6 +8,7 @@ saved there. Nothing is cached under a hashed name.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 from experiments.config import WorkloadSpec
@@ -17,6 +18,8 @@ from horizon.registry import takes
 from horizon.workload import TokenizedCorpus
 from predictors import PREDICTORS, make_predictor
 from predictors.dataset import SplitConfig, split_requests
+
+log = logging.getLogger(__name__)
 
 
 def split_config(workload: WorkloadSpec) -> SplitConfig:
@@ -52,6 +55,13 @@ def build_predictor(
             f"policy.predictor: {cfg.name!r} trains on ShareGPT: use a sharegpt workload"
         )
     split = split_requests(tokenized, split_config(workload))
+    log.info(
+        "training predictor %r on %d requests of the train split (the learned one: ~3 min on "
+        "2 cores, once: then loaded from %s)",
+        cfg.name,
+        len(split.train),
+        cfg.artifact,
+    )
     predictor.fit(split.train, data=split.info)
     if cfg.artifact is not None:
         Path(cfg.artifact).parent.mkdir(parents=True, exist_ok=True)

@@ -3,14 +3,16 @@
     python -m experiments.plot DIR [DIR ...] [--out OUT] [--rate R]
 
 DIRs may be sweep directories, Hydra multirun directories or single runs: every ``summary.json``
-below them is a run. Writes into OUT (default: the first DIR) ``table.csv``, ``table.md``, and per
-setting (model, GPU, KV blocks, workload, SLO, ...) ``goodput_vs_load.png`` and
+(or packed ``runs.jsonl.gz``, ``experiments.sweep_table``) below them is a run. Writes into OUT
+(default: the first DIR) ``table.csv``, ``table.md``, and per setting (model, GPU, KV blocks,
+workload, SLO, ...) ``goodput_vs_load.png`` and, where the runs kept their records,
 ``latency_cdf.png`` (suffixed ``_<i>`` when the runs hold several settings).
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -34,10 +36,17 @@ def report(
     for i, (setting, rows) in enumerate(groups):
         suffix = f"_{i}" if len(groups) > 1 else ""
         written.append(goodput_figure(setting, rows, out_dir / f"goodput_vs_load{suffix}.png"))
+        if not all(Path(d).is_dir() for d in rows["records_dir"]):
+            print(f"no records kept for {setting_name(setting)}: no latency CDF", file=sys.stderr)
+            continue
         at, why = (rate, "chosen") if rate is not None else choose_rate(rows)
         path = out_dir / f"latency_cdf{suffix}.png"
         written.append(latency_cdf_figure(setting, rows, at, path, why))
     return written
+
+
+def setting_name(setting: dict) -> str:
+    return f"{setting['workload']} on {setting['num_blocks']} blocks"
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -32,6 +33,7 @@ from pathlib import Path
 import numpy as np
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
+from tqdm import tqdm
 
 from experiments.components import build_components
 from experiments.config import RunConfig
@@ -96,6 +98,8 @@ class Runner:
         self.sources: DataSources | None = None
         self._workloads: dict[tuple[float, int], object] = {}
         self.runs = 0
+        # bisections: the number of runs is not known ahead, so a counter with its rate
+        self.progress = tqdm(desc="simulated runs", unit="run", disable=None, file=sys.stderr)
 
     def config(self, policy: str, rate: float, seed: int) -> RunConfig:
         overrides = [
@@ -122,6 +126,7 @@ class Runner:
             parts = build_components(cfg, self.sources)
             result = simulate(cfg, self._workloads[key], parts)
             self.runs += 1
+            self.progress.update()
             for m in METRICS:
                 out[m].append(float(result.metrics[m]))
         return out

@@ -152,6 +152,7 @@ class ShedRunner:
             kept = shed(requests, dropped)
             result = simulate(cfg, _with(workload, kept), build_components(cfg, sources))
             self.runner.runs += 1
+            self.runner.progress.update()
             good = int(goodput.lifetime_good(result.records).sum())
             out.append(
                 ShedRun(
