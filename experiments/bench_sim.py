@@ -27,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
+from horizon.metrics.records import RunRecords
 from horizon.model_shape import model_shape
 from horizon.policies import make_policy
 from horizon.scheduler_config import SchedulerConfig
@@ -49,7 +50,7 @@ def _run(requests, config, policy, cost_model, engine_loop) -> tuple[object, flo
     return rec, time.perf_counter() - t0
 
 
-def main(argv: list[str] | None = None) -> dict:
+def _parse(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--requests", type=int, default=10_000)
     ap.add_argument("--load", type=float, default=0.9, help="fraction of measured capacity")
@@ -59,7 +60,11 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--repeat", type=int, default=3, help="timed runs; wall_s is their median")
     ap.add_argument("--cache", default=str(REPO / "data" / "cache" / "sharegpt_qwen2.npz"))
     ap.add_argument("--cost-model", default="roofline", choices=["roofline", "engine_fitted"])
-    args = ap.parse_args(argv)
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = _parse(argv)
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})  # one core
 
@@ -90,9 +95,19 @@ def main(argv: list[str] | None = None) -> dict:
     for _ in range(max(1, args.repeat)):
         rec, w = _run(timed.new_requests(), config, args.policy, cost_model, engine_loop)
         walls.append(w)
+    out = _result(args, rec, walls, capacity, rate)
+    out.update(model=shape.name, gpu=gpu.name, num_blocks=config.num_blocks)
+    _print(out)
+    return out
+
+
+def _result(
+    args: argparse.Namespace, rec: RunRecords, walls: list[float], capacity: float, rate: float
+) -> dict:
+    """The JSON line's figures: the last timed run's records, the median of the walls."""
     wall = float(np.median(walls))
     simulated = float(rec.step_end[-1])
-    out = {
+    return {
         "requests": args.requests,
         "simulated_s": round(simulated, 3),
         "wall_s": round(wall, 4),
@@ -108,10 +123,11 @@ def main(argv: list[str] | None = None) -> dict:
         "policy": args.policy,
         "mode": args.mode,
         "cost_model": args.cost_model,
-        "model": shape.name,
-        "gpu": gpu.name,
-        "num_blocks": config.num_blocks,
     }
+
+
+def _print(out: dict) -> None:
+    """The table, then the JSON object as the last line."""
     print(
         f"{'requests':>10} {'simulated s':>12} {'wall s':>8} {'speedup':>9} {'req/s':>9} "
         f"{'steps':>7} {'capacity':>9}"
@@ -122,7 +138,6 @@ def main(argv: list[str] | None = None) -> dict:
         f"{out['capacity_req_s']:>9}"
     )
     print(json.dumps(out))
-    return out
 
 
 if __name__ == "__main__":
