@@ -126,46 +126,85 @@ class LearnedPredictor(BasePredictor):
         if not fit_part or not calib:
             raise ValueError("learned: fit needs requests from at least 2 conversations")
         with self._thread_limit():
-            ex = self._extract(fit_part)
-            y = _lengths(fit_part)
-            groups = np.asarray([_group(r) for r in fit_part])
-            outs = [r.output_token_ids for r in fit_part]
-            reply = self._reply_features(outs) if any(o is not None for o in outs) else None
-            model = LengthModel(s).fit(ex, y, groups, reply)
-            self._model = model
+            model = self._model = self._fit_model(fit_part)
             design = model.design(self._extract(calib))
             mu, sc = model.total_location_scale(design)
             yc = _lengths(calib)
             z = (np.log(yc) - mu) / sc
             self._z = tuple(float(v) for v in np.quantile(z, LEVELS, method="higher"))
-            # remaining length: residuals of the same tables and interpolation as ``update``
-            rows, g = progress_points(yc, s.calibration_step)
-            keep = g >= 1
-            rows, g = rows[keep], g[keep]
-            grid, m_tab, s_tab = self._tables(design, int(max(r.max_output_tokens for r in calib)))
-            m, sr = _interpolate(grid, m_tab, rows, g), _interpolate(grid, s_tab, rows, g)
-            zr = (np.log(yc[rows] - g) - m) / sr
-            self._remaining_z = ResidualQuantiles.fit(LEVELS, zr, g)
-            self._remaining_text_z = None
-            outs = [r.output_token_ids for r in calib]
-            has = np.asarray([o is not None for o in outs])
-            n_text = 0
-            if model.remaining_text is not None and has.any():
-                # calibrated at the points update reads: g on the reply grid (floor)
-                sel = has[rows]
-                rt, gt = rows[sel], g[sel]
-                gg = _floor_to_grid(gt, s.reply_grid_step)
-                m, sr = model.remaining_text.location_scale(
-                    design[rt], gg, self._reply_features(outs), rt
-                )
-                zt = (np.log(yc[rt] - gt) - m) / sr
-                self._remaining_text_z = ResidualQuantiles.fit(LEVELS, zt, gt)
-                n_text = len(zt)
-            elif model.remaining_text is not None:
-                model.remaining_text = None  # nothing to calibrate it on
+            rows, g = self._calibrate_remaining(design, calib, yc)
+            n_text = self._calibrate_remaining_text(design, calib, yc, rows, g)
         self._memo, self._grids = {}, {}
         self.artifact_path = None
-        self.header = {
+        counts = {
+            "fit_requests": len(fit_part),
+            "calibration_requests": len(calib),
+            "remaining_calibration_points": len(rows),
+            "remaining_text_calibration_points": n_text,
+        }
+        self.header = self._header(requests, data, counts, t0)
+        return self
+
+    def _fit_model(self, fit_part: Sequence[Request]) -> LengthModel:
+        """The length models fitted on ``fit_part`` (with the reply-reading one if any reply
+        ids are known)."""
+        ex = self._extract(fit_part)
+        y = _lengths(fit_part)
+        groups = np.asarray([_group(r) for r in fit_part])
+        outs = [r.output_token_ids for r in fit_part]
+        reply = self._reply_features(outs) if any(o is not None for o in outs) else None
+        return LengthModel(self.settings).fit(ex, y, groups, reply)
+
+    def _calibrate_remaining(
+        self, design: np.ndarray, calib: Sequence[Request], yc: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Set the remaining model's residual quantiles, measured with the same tables and
+        interpolation as ``update``; returns the calibration points ``(rows, g)``."""
+        rows, g = progress_points(yc, self.settings.calibration_step)
+        keep = g >= 1
+        rows, g = rows[keep], g[keep]
+        grid, m_tab, s_tab = self._tables(design, int(max(r.max_output_tokens for r in calib)))
+        m, sr = _interpolate(grid, m_tab, rows, g), _interpolate(grid, s_tab, rows, g)
+        zr = (np.log(yc[rows] - g) - m) / sr
+        self._remaining_z = ResidualQuantiles.fit(LEVELS, zr, g)
+        return rows, g
+
+    def _calibrate_remaining_text(
+        self,
+        design: np.ndarray,
+        calib: Sequence[Request],
+        yc: np.ndarray,
+        rows: np.ndarray,
+        g: np.ndarray,
+    ) -> int:
+        """Set the reply-reading model's residual quantiles at the points of ``(rows, g)`` whose
+        request carries reply ids (dropping that model if none does); returns their count."""
+        assert self._model is not None
+        model = self._model
+        self._remaining_text_z = None
+        outs = [r.output_token_ids for r in calib]
+        has = np.asarray([o is not None for o in outs])
+        if model.remaining_text is None:
+            return 0
+        if not has.any():
+            model.remaining_text = None  # nothing to calibrate it on
+            return 0
+        # calibrated at the points update reads: g on the reply grid (floor)
+        sel = has[rows]
+        rt, gt = rows[sel], g[sel]
+        gg = _floor_to_grid(gt, self.settings.reply_grid_step)
+        m, sr = model.remaining_text.location_scale(design[rt], gg, self._reply_features(outs), rt)
+        zt = (np.log(yc[rt] - gt) - m) / sr
+        self._remaining_text_z = ResidualQuantiles.fit(LEVELS, zt, gt)
+        return len(zt)
+
+    def _header(
+        self, requests: Sequence[Request], data: dict | None, counts: dict[str, int], t0: float
+    ) -> dict:
+        """The JSON-able description of the model just fitted (``header``)."""
+        assert self._model is not None
+        s = self.settings
+        return {
             "format": ARTIFACT_FORMAT,
             "version": ARTIFACT_VERSION,
             "settings": asdict(s),
@@ -178,23 +217,19 @@ class LearnedPredictor(BasePredictor):
                     *TEXT_PROGRESS_FEATURES,
                     *REPLY_TEXT_FEATURES,
                 ]
-                if model.remaining_text is not None
+                if self._model.remaining_text is not None
                 else None
             ),
             "levels": list(LEVELS),
             "train_fingerprint": fingerprint(requests),
             "data": data,
-            "fit_requests": len(fit_part),
-            "calibration_requests": len(calib),
-            "remaining_calibration_points": len(zr),
-            "remaining_text_calibration_points": n_text,
+            **counts,
             "train_seed": s.seed,
             "sklearn_version": sklearn.__version__,
             "numpy_version": np.__version__,
             "fit_seconds": round(time.perf_counter() - t0, 2),
             "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         }
-        return self
 
     # -- artifact ---------------------------------------------------------------------------
     def save(self, path: str | os.PathLike[str]) -> str:
