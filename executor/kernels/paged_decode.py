@@ -169,15 +169,8 @@ def paged_decode_triton(
     block_d = max(16, next_pow2(head_dim))
     block_g = max(tiles.block_m, next_pow2(group))
     split = num_splits > 1
-    if split:
-        part_out = torch.empty(
-            (num_seqs, num_heads, num_splits, head_dim), dtype=torch.float32, device=q.device
-        )
-        part_lse = torch.empty(
-            (num_seqs, num_heads, num_splits), dtype=torch.float32, device=q.device
-        )
-    else:
-        part_out = part_lse = out  # unused
+    # the splits' partial outputs and log-sum-exps (unused, hence ``out``, without splits)
+    part_out, part_lse = _partials(q, num_splits) if split else (out, out)
     _decode_kernel[(num_seqs, num_kv_heads, num_splits)](
         q,
         k_cache,
@@ -209,17 +202,35 @@ def paged_decode_triton(
         num_stages=tiles.num_stages,
     )
     if split:
-        _merge_splits_kernel[(num_seqs, num_heads)](
-            part_out,
-            part_lse,
-            out,
-            num_splits,
-            out.stride(0),
-            out.stride(1),
-            NUM_HEADS=num_heads,
-            HEAD_DIM=head_dim,
-            BLOCK_S=max(2, next_pow2(num_splits)),
-            BLOCK_D=block_d,
-            num_warps=4 if head_dim >= 128 else 2,
-        )
+        _merge_splits(part_out, part_lse, out, num_splits, block_d)
     return out
+
+
+def _partials(q: torch.Tensor, num_splits: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp32 buffers of each split's partial output and log-sum-exp, per sequence and head."""
+    num_seqs, num_heads, head_dim = q.shape
+    part_out = torch.empty(
+        (num_seqs, num_heads, num_splits, head_dim), dtype=torch.float32, device=q.device
+    )
+    part_lse = torch.empty((num_seqs, num_heads, num_splits), dtype=torch.float32, device=q.device)
+    return part_out, part_lse
+
+
+def _merge_splits(
+    part_out: torch.Tensor, part_lse: torch.Tensor, out: torch.Tensor, num_splits: int, block_d: int
+) -> None:
+    """Launch the kernel that merges the splits' partials into ``out``."""
+    num_seqs, num_heads, _, head_dim = part_out.shape
+    _merge_splits_kernel[(num_seqs, num_heads)](
+        part_out,
+        part_lse,
+        out,
+        num_splits,
+        out.stride(0),
+        out.stride(1),
+        NUM_HEADS=num_heads,
+        HEAD_DIM=head_dim,
+        BLOCK_S=max(2, next_pow2(num_splits)),
+        BLOCK_D=block_d,
+        num_warps=4 if head_dim >= 128 else 2,
+    )
