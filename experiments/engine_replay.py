@@ -101,7 +101,8 @@ def replay_manifest(
         for name in case.policies:
             spec = m.policies[name]
             requests = load_requests(base / case.requests)
-            meta = {"case": case.name, "role": case.role, "policy": name, "model": m.model}
+            meta = {"case": case.name, "role": case.role, "policy": name, "model": m.model,
+                    "commit": m.notes.get("commit")}  # fmt: skip
             policy = spec.build(m.ttft_slo)
             _run(engine, requests, policy, Path(out) / case.name / name, meta, case.max_time)
 

@@ -29,7 +29,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from experiments.fidelity_manifest import Case, Manifest, PolicySpec
+from experiments.fidelity_manifest import Case, Manifest, PolicySpec, source_commit
 
 SCHEDULER = {
     "num_blocks": 1500,
@@ -165,7 +165,7 @@ def export(out: str | None = None, model: str = MODEL) -> Manifest:
         itl_slo=slo.itl,
         policies=dict(POLICIES),
         cases=tuple(cases),
-        notes={"slo_preset": pre.slo_preset, "drain_s": DRAIN_S},
+        notes={"slo_preset": pre.slo_preset, "drain_s": DRAIN_S, "commit": source_commit()},
     )
     m.save(outdir / "manifest.json")
     return m

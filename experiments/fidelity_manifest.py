@@ -12,6 +12,7 @@ whose engine log the step-parity test replays.
 from __future__ import annotations
 
 import json
+import subprocess
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -106,3 +107,24 @@ class Manifest:
             cases=tuple(Case(**{**c, "policies": tuple(c["policies"])}) for c in doc["cases"]),
             notes=doc.get("notes", {}),
         )
+
+
+def source_commit() -> str | None:
+    """The commit the exporting checkout is at (``+dirty`` with uncommitted changes), or None
+    outside a git checkout: kept in a manifest's notes, so that every engine run names the code
+    that planned it (the engine's machine gets a copy of the tree without its history)."""
+    here = Path(__file__).resolve().parent
+    try:
+        sha = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=here, capture_output=True, text=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=here,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+    except OSError:
+        return None
+    return (sha + ("+dirty" if dirty else "")) or None
+

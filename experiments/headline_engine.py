@@ -43,7 +43,7 @@ from pathlib import Path
 
 import numpy as np
 
-from experiments.fidelity_manifest import Case, Manifest, PolicySpec
+from experiments.fidelity_manifest import Case, Manifest, PolicySpec, source_commit
 
 REPO = Path(__file__).resolve().parents[1]
 OUT = "gpu_inputs/headline_qwen2.5-7b"  # export: one seed<s>/ folder per seed
@@ -172,6 +172,7 @@ def _export_seed(rate: float, seed: int, chosen: list[str], outdir: Path, source
             "drain_s": DRAIN_S,
             "setting": "experiments.policy_gain.SETTING",
             "num_requests": len(requests),
+            "commit": source_commit(),
         },
     ).save(outdir / "manifest.json")
     print(f"seed {seed}: {len(requests)} requests at {rate:g} req/s over {last:.1f} s "

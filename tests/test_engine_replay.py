@@ -40,7 +40,8 @@ def test_a_manifest_replays_every_policy(tmp_path, tiny_engine):
         "horizon_oracle": PolicySpec("horizon", {"refresh_every": 2}, "oracle"),
     }
     case = Case("c", "fidelity", "synthetic", 100.0, 0, "reqs.json", tuple(policies))
-    Manifest("tiny", dataclasses.asdict(sc), 1.0, 0.05, policies, (case,)).save(
+    notes = {"commit": "abc1234"}  # what an export stamps: the code that planned the runs
+    Manifest("tiny", dataclasses.asdict(sc), 1.0, 0.05, policies, (case,), notes).save(
         tmp_path / "manifest.json"
     )
     replay.replay_manifest(str(tmp_path / "manifest.json"), str(tmp_path / "out"), "cpu", None)
@@ -52,6 +53,7 @@ def test_a_manifest_replays_every_policy(tmp_path, tiny_engine):
         np.testing.assert_array_equal(rec.num_output_tokens, [r.true_output_tokens for r in reqs])
         meta = json.loads((d / "meta.json").read_text())
         assert (meta["case"], meta["policy"], meta["gpu"]) == ("c", name, "cpu")
+        assert meta["commit"] == "abc1234"
 
 
 def test_a_policy_by_name_gets_its_predictor_only_if_it_takes_one():
