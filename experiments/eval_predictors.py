@@ -26,12 +26,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import yaml
+from tqdm import tqdm
 
 from horizon.workload import load_sharegpt, tokenize_corpus
 from predictors import make_predictor
@@ -179,7 +181,8 @@ def main(argv: list[str] | None = None) -> dict:
     if LEARNED in configs:
         configs[LEARNED]["seed"] = args.seed
     rows: dict[str, dict] = {}
-    for name in sorted(configs, key=lambda n: ORDER.index(n) if n in ORDER else len(ORDER)):
+    names = sorted(configs, key=lambda n: ORDER.index(n) if n in ORDER else len(ORDER))
+    for name in tqdm(names, desc="predictors (fit + score)", disable=None, file=sys.stderr):
         predictor = make_predictor(name, **configs[name])
         rows[name] = evaluate(name, predictor, split, args.step, out_dir)
         rows[name]["options"] = configs[name]

@@ -29,10 +29,11 @@ from __future__ import annotations
 import csv
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+from tqdm import tqdm
 
 from experiments.fidelity_manifest import Case, Manifest
 from experiments.fidelity_ranking import banded, rank_pairs, same_ranking
@@ -158,6 +159,11 @@ class _Setup:
     metas: dict[tuple[str, str], dict]
     keys: tuple[tuple[Case, str], ...]  # the compared runs, in table order
     rows: dict[tuple[str, str], np.ndarray]  # the compared runs' step rows
+    # simulated runs so far (a counter: the noise and bias steps add runs as they go)
+    progress: tqdm = field(
+        default_factory=lambda: tqdm(desc="simulated runs", unit="run", disable=None),
+        compare=False,
+    )
 
     @property
     def meta(self) -> dict:
@@ -181,9 +187,11 @@ class _Setup:
 
     def simulate(self, c: Case, p: str, cost_model) -> RunRecords:  # noqa: ANN001
         requests = load_requests(self.inputs / c.requests)  # fresh: a run mutates them
-        return simulate_engine_loop(
+        records = simulate_engine_loop(
             requests, self.m, self.m.policies[p], cost_model, c.max_time, self.pipelined
         )
+        self.progress.update()
+        return records
 
 
 def _setup(engine_dir: str, manifest_path: str | None) -> _Setup:
