@@ -237,6 +237,14 @@ class ModelRunner:
             self._forward = model
         self._prompt_of = prompt_of or _prompt_ids
         self._sampling_of = sampling_of or (lambda r: GREEDY)
+        self._init_rows()
+        self._init_steps()
+        self._init_graphs(graph_batch_sizes, pad_decodes, pad_mixed, mixed_graphs)
+
+    def _init_rows(self) -> None:
+        """Per block-table row state (device table and host mirror, token histories) and the
+        staging buffers."""
+        max_num_seqs, max_model_len = self.max_num_seqs, self.max_model_len
         # rows: twice the sequences, as a request finishing in the step in flight keeps its row
         # until that step's tokens are read, while the next step may start as many new ones
         rows = self.num_rows = 2 * max_num_seqs
@@ -244,8 +252,8 @@ class ModelRunner:
         self._bt_dev = torch.zeros((rows, self.max_blocks), dtype=torch.int32)
         self._bt_dev = self._bt_dev.to(self.device)
         self._bt_flat = self._bt_dev.view(-1)
-        updates = max(4096, 2 * max_num_seqs + 2 * (max_num_batched_tokens // self.block_size))
-        self._s = _Staging(max_num_batched_tokens, max_num_seqs + 1, updates, self.device)
+        updates = max(4096, 2 * max_num_seqs + 2 * (self.max_num_batched_tokens // self.block_size))
+        self._s = _Staging(self.max_num_batched_tokens, max_num_seqs + 1, updates, self.device)
         self._upd_idx: list[int] = []
         self._upd_val: list[int] = []
         self._num_updates = 0
@@ -262,9 +270,12 @@ class ModelRunner:
         self._last_tok = torch.zeros(rows + 1, dtype=torch.int32, device=self.device)
         self._sink = rows
         self._stale: set[int] = set()  # rows whose device last token the host must rewrite
+
+    def _init_steps(self) -> None:
+        """Read-back buffers, the steps in flight, the cached decode rows, the sampled count."""
         pin = self.device.type == "cuda"
         self._tok_host = [
-            torch.zeros(max_num_seqs + 1, dtype=torch.int32, pin_memory=pin) for _ in range(2)
+            torch.zeros(self.max_num_seqs + 1, dtype=torch.int32, pin_memory=pin) for _ in range(2)
         ]
         self._tok_flip = 0
         self._in_flight = 0  # submitted steps not yet waited for
@@ -274,12 +285,21 @@ class ModelRunner:
         self._dec_rows = np.zeros(0, dtype=np.int64)
         self._dec_rids: list[int] = []
         self._num_sampled = 0  # sequences with non-greedy sampling parameters
-        self.graph_batch_sizes = decode_buckets(max_num_seqs, graph_batch_sizes)
+
+    def _init_graphs(
+        self,
+        graph_batch_sizes: Sequence[int],
+        pad_decodes: bool,
+        pad_mixed: bool,
+        mixed_graphs: bool | None,
+    ) -> None:
+        """Padding buckets and the (lazily captured) CUDA graphs of decode-only and mixed steps."""
+        self.graph_batch_sizes = decode_buckets(self.max_num_seqs, graph_batch_sizes)
         self.pad_decodes = pad_decodes or self.cuda_graphs
         self.mixed_graphs = self.cuda_graphs if mixed_graphs is None else mixed_graphs
         if self.mixed_graphs and not self.cuda_graphs:
             raise ValueError("mixed_graphs needs cuda_graphs")
-        self.mixed_token_buckets = mixed_token_buckets(max_num_batched_tokens)
+        self.mixed_token_buckets = mixed_token_buckets(self.max_num_batched_tokens)
         self.pad_mixed = pad_mixed or self.mixed_graphs
         self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, torch.Tensor]]] = {}
         self._mixed: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
@@ -448,17 +468,7 @@ class ModelRunner:
             return _Pending([], [], None, 0, None, None, commit, None, None)
         self._s.flip()
         nd = len(plan.decodes)
-        bucket = mixed = 0
-        if not all_logits:
-            if not plan.prefills:
-                if self.pad_decodes:
-                    bucket = self._bucket(nd)
-                    if bucket and self.cuda_graphs and bucket not in self._graphs:
-                        self._capture(bucket)
-            elif self.pad_mixed:
-                mixed = self._mixed_bucket(nd + sum(n for _, n in plan.prefills))
-                if self.mixed_graphs and mixed not in self._mixed:
-                    self._capture_mixed(mixed)
+        bucket, mixed = (0, 0) if all_logits else self._padding(plan, nd)
         emitters, rids, rows_e, num_tokens, num_seqs = self._prepare(plan, blocks_of, bucket, mixed)
         self._s.upload()
         self._apply_updates()
@@ -479,26 +489,16 @@ class ModelRunner:
             self._stale.update(rows_e.tolist())  # the device holds tokens the host does not
         host = self._tok_host[self._tok_flip]
         self._tok_flip ^= 1
-        event = None
         if m:
             host[:m].copy_(tokens[:m], non_blocking=True)
-        if self.device.type == "cuda":
-            event = torch.cuda.Event()
+        event = torch.cuda.Event() if self.device.type == "cuda" else None
+        if event is not None:
             event.record()
         if commit:
             self._slen[rows_e] += 1
         self._in_flight += 1
-        return _Pending(
-            emitters,
-            rids,
-            rows_e,
-            m,
-            host.numpy(),
-            event,
-            commit,
-            None if logits is None else logits[:m],
-            logits_all,
-        )
+        logits = None if logits is None else logits[:m]  # the emitters' rows
+        return _Pending(emitters, rids, rows_e, m, host.numpy(), event, commit, logits, logits_all)
 
     def wait(self, step: _Pending) -> StepOutput:
         """Block until ``step``'s tokens are on the host; commit them (if submitted so)."""
@@ -525,6 +525,21 @@ class ModelRunner:
         last = self._hist[rows, self._len[rows] - 1]
         idx = torch.tensor(rows, dtype=torch.int64).to(self.device)
         self._last_tok[idx] = torch.from_numpy(last).to(self.device)
+
+    def _padding(self, plan: StepPlan, nd: int) -> tuple[int, int]:
+        """The decode bucket a decode-only step and the token bucket a mixed step is padded to
+        (0: not padded), capturing that size's graph on first use."""
+        bucket = mixed = 0
+        if not plan.prefills:
+            if self.pad_decodes:
+                bucket = self._bucket(nd)
+                if bucket and self.cuda_graphs and bucket not in self._graphs:
+                    self._capture(bucket)
+        elif self.pad_mixed:
+            mixed = self._mixed_bucket(nd + sum(n for _, n in plan.prefills))
+            if self.mixed_graphs and mixed not in self._mixed:
+                self._capture_mixed(mixed)
+        return bucket, mixed
 
     def _bucket(self, n: int) -> int:
         for b in self.graph_batch_sizes:
