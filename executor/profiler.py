@@ -232,7 +232,7 @@ def stamp(model: CausalLM, runner: ModelRunner, extra: dict) -> dict:
     }
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="python -m executor.profiler", description=__doc__.splitlines()[0]
     )
@@ -246,42 +246,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-kv-gib", type=float, default=70.0, help="cap on the KV tensor")
     p.add_argument("--quick", action="store_true", help="every other shape, 5 repeats")
     p.add_argument("--seed", type=int, default=0)
-    a = p.parse_args(argv)
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = _parse(argv)
     if not torch.cuda.is_available():
         print("executor.profiler needs a CUDA GPU", file=sys.stderr)
         return 2
-    from executor.bench import device_random_weights
-    from executor.engine import kv_block_bytes
-
     t_start = time.perf_counter()
-    config = ModelConfig.for_preset(a.model)
-    model = CausalLM(config, device="cuda", dtype=getattr(torch, a.dtype))
-    device_random_weights(model, a.seed)
     shapes = grid(a.max_num_batched_tokens, a.max_num_seqs)
     if a.quick:
         shapes, a.repeats = shapes[::2], 5
-    bs = a.block_size
-    block_bytes = kv_block_bytes(model, bs)
-    cap = int(a.max_kv_gib * 2**30 // block_bytes)
-    need = max(s.num_blocks(bs) for s in shapes)
-    num_blocks = min(need, cap)
-    c = model.config
-    kv = allocate_kv_cache(
-        c.num_layers,
-        num_blocks,
-        bs,
-        c.num_kv_heads,
-        c.head_dim,
-        model.embed_tokens.weight.dtype,
-        "cuda",
-    )
-    max_len = max(PREFILL_PREFIXES) + a.max_num_batched_tokens + max(DECODE_CONTEXTS)
-    runner = ModelRunner(model, kv, a.max_num_seqs, a.max_num_batched_tokens, max_len)
-    runner.capture_graphs()
+    model, runner, num_blocks = _setup(a, shapes)
     prof = StepProfiler(runner, a.seed)
     rows, skipped = [], 0
     for s in shapes:
-        if s.num_blocks(bs) > num_blocks:
+        if s.num_blocks(a.block_size) > num_blocks:
             skipped += 1
             continue
         rows.append(prof.measure(s, a.repeats))
@@ -302,15 +283,50 @@ def main(argv: list[str] | None = None) -> int:
         },
     )
     a.out.with_suffix(".json").write_text(json.dumps(meta, indent=2) + "\n")
+    _print_summary(a.model, rows, skipped, a.out)
+    return 0
+
+
+def _setup(a: argparse.Namespace, shapes: Sequence[Shape]) -> tuple[CausalLM, ModelRunner, int]:
+    """The model (random weights), a KV cache for the largest shape (capped at ``--max-kv-gib``)
+    and a runner with its graphs captured; returns them and the cache's block count."""
+    from executor.bench import device_random_weights
+    from executor.engine import kv_block_bytes
+
+    config = ModelConfig.for_preset(a.model)
+    model = CausalLM(config, device="cuda", dtype=getattr(torch, a.dtype))
+    device_random_weights(model, a.seed)
+    bs = a.block_size
+    block_bytes = kv_block_bytes(model, bs)
+    cap = int(a.max_kv_gib * 2**30 // block_bytes)
+    need = max(s.num_blocks(bs) for s in shapes)
+    num_blocks = min(need, cap)
+    c = model.config
+    kv = allocate_kv_cache(
+        c.num_layers,
+        num_blocks,
+        bs,
+        c.num_kv_heads,
+        c.head_dim,
+        model.embed_tokens.weight.dtype,
+        "cuda",
+    )
+    max_len = max(PREFILL_PREFIXES) + a.max_num_batched_tokens + max(DECODE_CONTEXTS)
+    runner = ModelRunner(model, kv, a.max_num_seqs, a.max_num_batched_tokens, max_len)
+    runner.capture_graphs()
+    return model, runner, num_blocks
+
+
+def _print_summary(model: str, rows: list[dict], skipped: int, out: Path) -> None:
+    """A sample of the measured rows: some decode shapes, then some others."""
     dec = [r for r in rows if r["kind"] == "decode"]
-    print(f"{a.model}: {len(rows)} shapes ({skipped} skipped for KV) -> {a.out}")
+    print(f"{model}: {len(rows)} shapes ({skipped} skipped for KV) -> {out}")
     for r in dec[:: max(1, len(dec) // 8)] + [r for r in rows if r["kind"] != "decode"][::6]:
         print(
             f"  {r['kind']:<8} prefill {r['num_prefill_tokens']:>5} decodes {r['num_decodes']:>4} "
             f"ctx {r['decode_context_tokens'] + r['prefill_context_tokens']:>8}  "
             f"{1e3 * r['step_s']:8.3f} ms"
         )
-    return 0
 
 
 if __name__ == "__main__":
