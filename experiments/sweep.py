@@ -73,9 +73,9 @@ def run_grid(
     failed: list[tuple[str, str]] = []
     done = 0
     bar = tqdm(total=grid.size, desc="sweep", unit="run", disable=None, file=sys.stderr)
-    with bar:
-        for rate in grid.rates:
-            for seed in grid.seeds:
+    with bar:  # seed-major: one seed's requests at every load in a row (a predictor's memo holds)
+        for seed in grid.seeds:
+            for rate in grid.rates:
                 base = cfg.run_config(rate=rate, seed=seed, num_requests=grid.num_requests)
                 workload = make_workload(base, sources)
                 for option, policy in policies.items():

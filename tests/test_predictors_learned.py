@@ -119,6 +119,30 @@ def test_prepare_is_an_explicit_per_run_memo(split, fitted):
     assert fitted.predict(other).values == batch[0].values  # recomputed, not memoised
 
 
+def _at(r: Request, arrival: float, prompt: list[int] | None = None) -> Request:
+    ids = r.prompt_token_ids if prompt is None else prompt
+    return Request(
+        r.request_id, arrival, len(ids), r.max_output_tokens, r.true_output_tokens, None,
+        ids, r.conversation_id, r.turn_index, output_token_ids=r.output_token_ids,
+    )  # fmt: skip
+
+
+def test_preparing_the_same_requests_again_keeps_the_memo(split, fitted, monkeypatch):
+    reqs = split.test[:60]
+    fitted.prepare(reqs)
+    before = [fitted.predict(r).values for r in reqs]
+    calls: list[int] = []
+    entries = fitted._entries
+    monkeypatch.setattr(fitted, "_entries", lambda rs: calls.append(len(rs)) or entries(rs))
+    later = [_at(r, r.arrival_time + 5.0) for r in reqs]  # another load: other arrival times
+    fitted.prepare(later)
+    assert calls == [] and [fitted.predict(r).values for r in later] == before
+    changed = [*later[:-1], _at(later[-1], 0.0, [*later[-1].prompt_token_ids, 7])]
+    fitted.prepare(changed)  # one prompt differs: prepared again
+    assert calls == [60]
+    assert fitted.predict(changed[-1]).values == fitted.predict_batch(changed[-1:])[0].values
+
+
 def test_update_shrinks_sensibly(split, fitted):
     reqs = split.test
     fitted.prepare(reqs)
