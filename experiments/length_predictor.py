@@ -56,7 +56,7 @@ def build_predictor(
         )
     split = split_requests(tokenized, split_config(workload))
     log.info(
-        "training predictor %r on %d requests of the train split (the learned one: ~3 min on "
+        "training predictor %r on %d requests of the train split (the learned one: ~2 min on "
         "2 cores, once: then loaded from %s)",
         cfg.name,
         len(split.train),
