@@ -17,10 +17,12 @@ measured on the GPU and brought back by ``python -m experiments.engine_runs impo
 from __future__ import annotations
 
 import re
+import textwrap
 
 import pandas as pd
 
 SIMULATED, ENGINE = "Simulated", "Engine"
+TITLE_CHARS = 140  # a title line wider than the figure at its font size is wrapped
 _SOURCES = {"sim": SIMULATED, "engine": ENGINE}
 _COST_MODELS = {
     "roofline": "roofline cost model",
@@ -67,15 +69,18 @@ def runs_text(rows: pd.DataFrame, num_requests: int) -> str:
 
 
 def caption(setting: dict, rows: pd.DataFrame, what: str) -> str:
-    """The three-line title of a figure of ``rows`` (one setting's runs) showing ``what``; the
-    options the legend leaves out (``legend_label``) follow ``what``."""
+    """The title of a figure of ``rows`` (one setting's runs) showing ``what``: three lines, a
+    fourth with the options the legend leaves out (``legend_label``), each wrapped to the
+    figure's width."""
     where = (
         f"{setting['model']} on {setting['gpu']}, {int(setting['num_blocks']):,} KV blocks, "
         f"workload {setting['workload']}, {runs_text(rows, setting['num_requests'])}"
     )
     shared = shared_options(sorted(rows["policy"].unique()))
-    options = f" (options of every {shared})" if shared else ""
-    return f"{source(setting)}: {where}\n{slo_text(setting)}\n{what}{options}"
+    lines = [f"{source(setting)}: {where}", slo_text(setting), what]
+    if shared:
+        lines.append(f"(options of every {shared})")
+    return "\n".join(textwrap.fill(line, TITLE_CHARS) for line in lines)
 
 
 def _split(label: str) -> tuple[str, str, str]:
