@@ -190,6 +190,17 @@ class KVView:
     def blocks_held(self, req: Request) -> int:
         return len(self._kv.blocks_of(req))
 
+    @property
+    def prefix_caching(self) -> bool:
+        """Whether an admitted request may adopt cached prompt blocks."""
+        return self._kv.enable_prefix_caching
+
+    def cached_prefix_tokens(self, req: Request) -> int:
+        """Prompt tokens of ``req`` the pool holds cached now: what admitting it now would not
+        compute (whole blocks, never its last token; 0 without prefix caching). Changes nothing
+        in the pool or any block table."""
+        return len(self._kv.prefix_hit(req)) * self._kv.block_size
+
     def blocks_needed(self, req: Request, num_new_tokens: int) -> int:
         return self._kv.num_blocks_needed(req, num_new_tokens)
 
