@@ -1,4 +1,4 @@
-"""The simple and production-style baselines: random and lpf.
+"""The simple and production-style baselines: random, lpf, sjf_predicted.
 
 Each test checks the decision that defines a policy, through the interface or the scheduler;
 the configs are checked by composing them.
@@ -15,13 +15,15 @@ import numpy as np
 import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
-from sched_driver import ConstantCost, random_requests
+from sched_driver import ConstantCost, ExactOracle, random_requests
 
 from experiments.config_store import register_configs
 from experiments.policy_config import PolicyConfig
 from horizon.model_shape import model_shape
 from horizon.policies.lpf import LongestPromptFirst
 from horizon.policies.random_order import RandomOrder
+from horizon.policies.sjf_predicted import SJFPredicted
+from horizon.prediction import LengthDistribution
 from horizon.request import Request
 from horizon.scheduler import Scheduler
 from horizon.scheduler_config import SchedulerConfig
@@ -33,11 +35,21 @@ COST = make_cost_model("roofline", shape=model_shape("qwen2.5-7b"), gpu=gpu_spec
 PATHS = {
     "random": "horizon.policies.random_order:RandomOrder",
     "lpf": "horizon.policies.lpf:LongestPromptFirst",
+    "sjf_predicted": "horizon.policies.sjf_predicted:SJFPredicted",
 }
 
 
 def _req(i: int, t: float, prompt: int = 10, out: int = 20, max_out: int = 2048) -> Request:
     return Request(i, t, prompt, max_out, out)
+
+
+def _preempted_after(r: Request, emitted: int) -> Request:
+    """``r`` after emitting ``emitted`` tokens and being preempted by recompute."""
+    r.advance(r.num_prompt_tokens)
+    for _ in range(emitted - 1):
+        r.advance(1)
+    r.reset_for_recompute(0)
+    return r
 
 
 def _order(policy, reqs: list[Request]) -> list[int]:
@@ -117,6 +129,63 @@ def test_lpf_admits_the_longest_waiting_prompt_when_a_seat_frees():
     assert admitted == [2, 4, 3, 0, 1]
 
 
+# -- sjf_predicted --------------------------------------------------------------------------------
+class _ByRequest:
+    """A predictor with a given total-length distribution per request id."""
+
+    name = "by_request"
+    reads_true_length = False
+
+    def __init__(self, dists: dict[int, LengthDistribution]) -> None:
+        self.dists = dists
+
+    def predict(self, r: Request) -> LengthDistribution:
+        return self.dists[r.request_id]
+
+    def update(self, r: Request, g: int) -> LengthDistribution:
+        return self.predict(r).remaining(g)
+
+
+def test_sjf_predicted_orders_by_the_median_not_the_mean():
+    skewed = LengthDistribution((0.25, 0.5, 0.75), (5.0, 10.0, 900.0), 1.0, 1000.0)
+    steady = LengthDistribution((0.25, 0.5, 0.75), (45.0, 50.0, 55.0), 1.0, 60.0)
+    assert skewed.mean > steady.mean
+    policy = SJFPredicted(_ByRequest({0: steady, 1: skewed}), aging_tokens_per_s=0.0)
+    assert _order(policy, [_req(0, 0.0), _req(1, 0.0)]) == [1, 0]
+
+
+def test_sjf_predicted_aging_bounds_the_wait():
+    policy = SJFPredicted(ExactOracle(), aging_tokens_per_s=100.0)
+    old = _req(0, 0.0, out=300)  # waited 1 s longer: worth 100 predicted tokens
+    assert _order(policy, [old, _req(1, 1.0, out=201)]) == [0, 1]
+    assert _order(policy, [old, _req(2, 1.0, out=199)]) == [2, 0]
+
+
+def test_sjf_predicted_keys_a_preempted_request_by_what_it_has_left():
+    policy = SJFPredicted(ExactOracle(), aging_tokens_per_s=0.0)
+    fresh, resumed = _req(0, 0.0, out=20), _req(1, 0.0, out=100)
+    assert _order(policy, [fresh, resumed]) == [0, 1]
+    _preempted_after(resumed, 90)  # 10 of its 100 tokens left
+    assert _order(policy, [fresh, resumed]) == [1, 0]
+    assert policy.reads_true_length  # it reads the true length through the oracle
+
+
+def test_sjf_predicted_preempts_the_longest_queued_key():
+    policy = SJFPredicted(ExactOracle(), aging_tokens_per_s=0.0)
+    running = [_req(0, 0.0, out=50), _req(1, 1.0, out=400), _req(2, 2.0, out=10)]
+    for i, r in enumerate(running):
+        policy.waiting_key(r, 0.0)
+        r.admit_seq = i
+    assert policy.choose_victim(running, running[2], 3.0) is running[1]
+
+
+def test_sjf_predicted_needs_a_predictor():
+    with pytest.raises(ValueError, match="needs a predictor"):
+        PolicyConfig(name=PATHS["sjf_predicted"])
+    with pytest.raises(ValueError, match="aging_tokens_per_s must be finite and >= 0"):
+        SJFPredicted(ExactOracle(), aging_tokens_per_s=-1.0)
+
+
 # -- every new policy -----------------------------------------------------------------------------
 
 
@@ -125,6 +194,7 @@ def test_lpf_admits_the_longest_waiting_prompt_when_a_seat_frees():
     [
         lambda: RandomOrder(seed=1),
         lambda: LongestPromptFirst(),
+        lambda: SJFPredicted(ExactOracle()),
     ],
 )
 def test_event_and_reference_modes_give_identical_records(make):
@@ -148,3 +218,6 @@ def test_new_policy_configs_compose_with_their_options():
 
     assert policy("random").options == {"seed": 0}
     assert policy("lpf").options == {}
+    sjf = policy("sjf_predicted")
+    assert sjf.options == {"aging_tokens_per_s": 100.0}
+    assert sjf.predictor == _typed("policy=horizon").policy.predictor  # the same learned model
