@@ -1,4 +1,4 @@
-"""The simple and production-style baselines: random, lpf, sjf_predicted.
+"""The simple and production-style baselines: random, lpf, sjf_predicted, memory_first's cap.
 
 Each test checks the decision that defines a policy, through the interface or the scheduler;
 the configs are checked by composing them.
@@ -6,6 +6,7 @@ the configs are checked by composing them.
 
 from __future__ import annotations
 
+import math
 import random
 import subprocess
 import sys
@@ -21,12 +22,14 @@ from experiments.config_store import register_configs
 from experiments.policy_config import PolicyConfig
 from horizon.model_shape import model_shape
 from horizon.policies.lpf import LongestPromptFirst
+from horizon.policies.memory_first import MemoryFirst
 from horizon.policies.random_order import RandomOrder
 from horizon.policies.sjf_predicted import SJFPredicted
 from horizon.prediction import LengthDistribution
 from horizon.request import Request
 from horizon.scheduler import Scheduler
 from horizon.scheduler_config import SchedulerConfig
+from predictors import MeanPredictor
 from simulator import Simulation, gpu_spec, make_cost_model
 from simulator.backend import SimBackend
 
@@ -186,7 +189,62 @@ def test_sjf_predicted_needs_a_predictor():
         SJFPredicted(ExactOracle(), aging_tokens_per_s=-1.0)
 
 
+# -- memory_first ---------------------------------------------------------------------------------
+def test_memory_first_without_a_predictor_reserves_max_output_tokens():
+    policy = MemoryFirst()
+    assert policy.reservation["min_output_tokens"] is None
+    assert policy.reserve_tokens(_req(0, 0.0, prompt=30, max_out=2048)) == 30 + 2048
+    assert policy.reservation == {
+        "output_cap": "max_output_tokens",
+        "min_output_tokens": 2048,
+        "max_output_tokens": 2048,
+    }
+
+
+def test_memory_first_caps_at_the_training_quantile_never_above_max_output_tokens():
+    train = [_req(i, 0.0, out=o, max_out=2048) for i, o in enumerate(range(1, 1001))]
+    policy = MemoryFirst(MeanPredictor().fit(train), quantile=0.99)
+    cap = math.ceil(np.quantile(np.arange(1, 1001), 0.99))  # 990.01 -> 991
+    assert policy.reserve_tokens(_req(5000, 0.0, prompt=40, max_out=2048)) == 40 + cap
+    assert policy.reserve_tokens(_req(5001, 0.0, prompt=40, max_out=500)) == 40 + 500
+    assert policy.reservation == {
+        "output_cap": "q0.99",
+        "min_output_tokens": 500,
+        "max_output_tokens": cap,
+    }
+    resumed = _preempted_after(_req(5002, 0.0, out=1500, max_out=2048), 995)  # past the cap
+    assert 995 < policy.output_cap(resumed) <= 2048  # what it emitted plus what it has left
+
+
+def test_memory_first_cap_admits_more_at_once_than_the_worst_case():
+    cfg = SchedulerConfig(num_blocks=200, block_size=4, max_num_seqs=64, max_num_batched_tokens=256)
+    train = random_requests(random.Random(1), 300, max_prompt=30, max_output=40)
+    runs = {}
+    for name, policy in (
+        ("worst", MemoryFirst()),
+        ("q99", MemoryFirst(MeanPredictor().fit(train), quantile=0.99)),
+    ):
+        reqs = [
+            Request(r.request_id, 0.0, r.num_prompt_tokens, 400, r.true_output_tokens)
+            for r in random_requests(random.Random(2), 200, max_prompt=30, max_output=40)
+        ]
+        runs[name] = Simulation(reqs, cfg, policy, COST).run()
+    assert runs["worst"].num_preemptions.sum() == 0
+    for rec in runs.values():
+        assert (rec.status == 0).all()  # all finished
+    assert runs["q99"].num_running.max() >= 3 * runs["worst"].num_running.max()
+    assert runs["q99"].step_end.max() < 0.5 * runs["worst"].step_end.max()
+
+
+@pytest.mark.parametrize("q", [0.0, 1.5, True])
+def test_memory_first_quantile_is_checked(q):
+    with pytest.raises(ValueError, match=r"memory_first.quantile must be in \(0, 1\]"):
+        MemoryFirst(ExactOracle(), quantile=q)
+
+
 # -- every new policy -----------------------------------------------------------------------------
+def _short_mean() -> MeanPredictor:
+    return MeanPredictor().fit(random_requests(random.Random(0), 50, max_prompt=40, max_output=8))
 
 
 @pytest.mark.parametrize(
@@ -195,6 +253,7 @@ def test_sjf_predicted_needs_a_predictor():
         lambda: RandomOrder(seed=1),
         lambda: LongestPromptFirst(),
         lambda: SJFPredicted(ExactOracle()),
+        lambda: MemoryFirst(_short_mean(), quantile=0.5),  # caps too low: preempts
     ],
 )
 def test_event_and_reference_modes_give_identical_records(make):
@@ -212,6 +271,15 @@ def test_event_and_reference_modes_give_identical_records(make):
 
 
 # -- configs --------------------------------------------------------------------------------------
+def test_memory_first_configs_with_and_without_the_cap():
+    plain = _typed("policy=memory_first").policy
+    assert (plain.options, plain.predictor) == ({}, None)
+    q99 = _typed("policy=memory_first_q99").policy
+    assert q99.options == {"quantile": 0.99}
+    assert q99.predictor_config.name == "mean" and q99.predictor_config.learns
+    assert q99.label == "memory_first(quantile=0.99)[mean]"
+
+
 def test_new_policy_configs_compose_with_their_options():
     def policy(option: str) -> PolicyConfig:
         return _typed(f"policy={option}", f"policy.name={PATHS[option]}").policy
