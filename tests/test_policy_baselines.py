@@ -1,4 +1,4 @@
-"""The simple and production-style baselines: random, lpf, sjf_predicted, memory_first's cap.
+"""The simple and production-style baselines: random, lpf, sjf_predicted, memory_first's cap, vllm.
 
 Each test checks the decision that defines a policy, through the interface or the scheduler;
 the configs are checked by composing them.
@@ -21,10 +21,12 @@ from sched_driver import ConstantCost, ExactOracle, random_requests
 from experiments.config_store import register_configs
 from experiments.policy_config import PolicyConfig
 from horizon.model_shape import model_shape
+from horizon.policies import make_policy
 from horizon.policies.lpf import LongestPromptFirst
 from horizon.policies.memory_first import MemoryFirst
 from horizon.policies.random_order import RandomOrder
 from horizon.policies.sjf_predicted import SJFPredicted
+from horizon.policies.vllm import VLLM
 from horizon.prediction import LengthDistribution
 from horizon.request import Request
 from horizon.scheduler import Scheduler
@@ -39,6 +41,7 @@ PATHS = {
     "random": "horizon.policies.random_order:RandomOrder",
     "lpf": "horizon.policies.lpf:LongestPromptFirst",
     "sjf_predicted": "horizon.policies.sjf_predicted:SJFPredicted",
+    "vllm": "horizon.policies.vllm:VLLM",
 }
 
 
@@ -242,6 +245,72 @@ def test_memory_first_quantile_is_checked(q):
         MemoryFirst(ExactOracle(), quantile=q)
 
 
+# -- vllm -----------------------------------------------------------------------------------------
+def _burst_steps(policy, reqs: list[Request], cfg: SchedulerConfig) -> list[tuple[int, int]]:
+    """All of ``reqs`` queued at once, run to completion at 10 ms a step; per step, how many
+    requests were admitted and how many preempted."""
+    sched = Scheduler(cfg, policy)
+    for r in reqs:
+        sched.add(r)
+    backend = SimBackend(ConstantCost(), event_mode=cfg.step_mode == "event")
+    now, steps = 0.0, []
+    while sched.has_work:
+        seq = max(r.admit_seq for r in reqs)
+        plan = sched.schedule(now)
+        steps.append((sum(r.admit_seq > seq for r in reqs), len(plan.preempted)))
+        result = backend.execute(plan)
+        now += 0.01
+        sched.update(plan, result, now)
+    sched.check_integrity()
+    return steps
+
+
+SMALL_POOL = SchedulerConfig(
+    num_blocks=24, block_size=4, max_num_seqs=8, max_num_batched_tokens=64, max_model_len=1000
+)
+
+
+def test_vllm_preempts_the_latest_admitted_and_in_priority_mode_the_latest_arrival():
+    early, late = _req(0, 0.0), _req(1, 5.0)
+    late.admit_seq, early.admit_seq = 3, 7  # early was preempted and readmitted after late
+    assert VLLM().choose_victim([late, early], late, 9.0) is early
+    assert VLLM(mode="priority").choose_victim([late, early], late, 9.0) is late
+
+
+def test_vllm_puts_preempted_requests_at_the_head_latest_first():
+    policy = VLLM()
+    new = [_req(i, float(i)) for i in range(3)]
+    first, second = _preempted_after(_req(10, 8.0), 3), _preempted_after(_req(11, 9.0), 3)
+    keys = {r.request_id: policy.waiting_key(r, 10.0) for r in [*new, first, second]}
+    assert sorted(keys, key=keys.__getitem__) == [11, 10, 0, 1, 2]
+    prio = VLLM(mode="priority")  # a heap on (priority 0, arrival): no head for the preempted
+    assert _order(prio, [*new, first, second]) == [0, 1, 2, 10, 11]
+
+
+def test_vllm_admits_nothing_in_a_step_that_preempted():
+    both = {"fcfs": 0, "vllm": 0}
+    for seed in range(4):
+        for name, policy in (("fcfs", make_policy("fcfs")), ("vllm", VLLM())):
+            reqs = random_requests(random.Random(seed), 30, max_prompt=40, max_output=30)
+            steps = _burst_steps(policy, reqs, SMALL_POOL)
+            assert sum(p > 0 for _, p in steps) > 5  # the pool really runs dry
+            both[name] += sum(a > 0 and p > 0 for a, p in steps)
+    assert both["vllm"] == 0
+    assert both["fcfs"] > 0  # the scheduler alone would admit in such steps
+
+
+def test_vllm_mode_is_checked():
+    with pytest.raises(ValueError, match="vllm.mode must be one of fcfs, priority"):
+        VLLM(mode="lifo")
+
+
+def test_vllm_scheduler_preset_holds_the_h200_api_server_defaults():
+    cfg = _typed("policy=vllm", f"policy.name={PATHS['vllm']}", "scheduler=vllm")
+    s = cfg.scheduler
+    assert (s.max_num_batched_tokens, s.max_num_seqs, s.block_size) == (8192, 1024, 16)
+    assert s.enable_prefix_caching and cfg.policy.options == {"mode": "fcfs"}
+
+
 # -- every new policy -----------------------------------------------------------------------------
 def _short_mean() -> MeanPredictor:
     return MeanPredictor().fit(random_requests(random.Random(0), 50, max_prompt=40, max_output=8))
@@ -250,6 +319,8 @@ def _short_mean() -> MeanPredictor:
 @pytest.mark.parametrize(
     "make",
     [
+        lambda: VLLM(),
+        lambda: VLLM(mode="priority"),
         lambda: RandomOrder(seed=1),
         lambda: LongestPromptFirst(),
         lambda: SJFPredicted(ExactOracle()),
@@ -286,6 +357,7 @@ def test_new_policy_configs_compose_with_their_options():
 
     assert policy("random").options == {"seed": 0}
     assert policy("lpf").options == {}
+    assert policy("vllm").options == {"mode": "fcfs"}
     sjf = policy("sjf_predicted")
     assert sjf.options == {"aging_tokens_per_s": 100.0}
     assert sjf.predictor == _typed("policy=horizon").policy.predictor  # the same learned model
