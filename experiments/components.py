@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from experiments.config import ModelConfig, RunConfig
+from experiments.errors import ConfigError
 from experiments.policy_factory import build_policy
 from experiments.workloads import DataSources
 from horizon.model_shape import ModelShape, model_shape
@@ -56,14 +57,28 @@ def build_components(cfg: RunConfig, sources: DataSources | None = None) -> Comp
     built = build_policy(
         cfg.policy, cfg.slo.ttft, predictor_for=lambda p: data.predictor(p, cfg.workload)
     )
+    cost_model = make_cost_model(
+        cfg.backend.cost_model, shape=shape, gpu=gpu, **cfg.backend.cost_model_options
+    )
+    _check_batch(cfg, cost_model)
     return Components(
         shape=shape,
         gpu=gpu,
         predictor=built.predictor,
         scheduler=cfg.scheduler.scheduler_config(num_blocks, cfg.backend.step_mode),
         policy=built.policy,
-        cost_model=make_cost_model(
-            cfg.backend.cost_model, shape=shape, gpu=gpu, **cfg.backend.cost_model_options
-        ),
+        cost_model=cost_model,
         slo=cfg.slo.slo,
     )
+
+
+def _check_batch(cfg: RunConfig, cost_model: CostModel) -> None:
+    """A cost model measured up to some decode batch (``max_num_seqs``) cannot time larger."""
+    limit = getattr(cost_model, "max_num_seqs", None)
+    if limit is not None and cfg.scheduler.max_num_seqs > limit:
+        raise ConfigError(
+            "scheduler.max_num_seqs",
+            cfg.scheduler.max_num_seqs,
+            f"cost model {cfg.backend.cost_model!r} was measured with at most {limit} "
+            "sequences a step: lower it, or use backend=sim (the roofline)",
+        )

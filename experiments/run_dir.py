@@ -50,6 +50,8 @@ def run_identity(cfg: RunConfig, parts: Components) -> dict:
         "policy_options": dict(cfg.policy.options),
         "policy_label": cfg.policy.label,
         "policy_reads_true_length": parts.policy.reads_true_length,  # an oracle upper bound
+        # what a reserving policy held back per request, as it ran (memory_first's cap)
+        "policy_reservation": getattr(parts.policy, "reservation", None),
         "rate": cfg.rate,
         "seed": cfg.seed,
         "num_requests": cfg.num_requests,

@@ -311,6 +311,12 @@ class EngineCostModel:
         knee = meta.get("knee_tokens", "search")
         return cls.fit(rows, Buckets(**b) if b else Buckets(), meta, knee)
 
+    @property
+    def max_num_seqs(self) -> int:
+        """The largest decode batch its calibration's graphs covered: steps beyond it are not
+        modelled (a scheduler allowing more is refused where the run is built)."""
+        return self.buckets.max_num_seqs
+
     def predict_rows(self, rows: np.ndarray) -> np.ndarray:
         mixed, dec, mix = features(rows, self.buckets, self.knee)
         out = np.where(mixed, mix @ np.array(self.mixed_coef), dec @ np.array(self.decode_coef))
@@ -383,6 +389,7 @@ class NoisyStepCost:
             raise ValueError(f"block_steps must be an int >= 1, got {block_steps!r}")
         self.model = model
         self.provenance = model.provenance
+        self.max_num_seqs = model.max_num_seqs
         self.seed = seed
         self.block_steps = block_steps
         self._rng = np.random.default_rng(seed)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import inspect
 import random
 from dataclasses import dataclass
 
 from horizon.metrics.records import RunRecords
 from horizon.plan import StepPlan
 from horizon.policies import Policy, make_policy
+from horizon.policies.registry import POLICIES
 from horizon.prediction import LengthDistribution
 from horizon.request import Request
 from horizon.scheduler import Scheduler
@@ -30,9 +32,13 @@ class ExactOracle:
 
 
 def policy_for_test(name: str) -> Policy:
-    """Any registered policy; ``horizon`` gets the exact oracle (no trained model needed)."""
+    """Any registered policy; one that needs a predictor gets the exact oracle (no trained
+    model needed), ``horizon`` with a short refresh."""
     if name == "horizon":
         return make_policy(name, predictor=ExactOracle(), refresh_every=4, ttft_slo=0.5)
+    needed = inspect.signature(POLICIES.resolve(name)).parameters.get("predictor")
+    if needed is not None and needed.default is inspect.Parameter.empty:
+        return make_policy(name, predictor=ExactOracle())
     return make_policy(name)
 
 

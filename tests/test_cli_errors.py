@@ -64,6 +64,7 @@ def test_missing_trace_directory(tmp_path):
         ("policy.name=nope", "error: unknown policy 'nope'; known: fcfs"),
         ("rate=-2", "error: rate must be a finite number > 0 (requests/s), got -2.0"),
         ("num_requests=6000", "error: too few ShareGPT requests: num_requests=6000"),
+        ("scheduler.max_num_seqs=1024", "error: scheduler.max_num_seqs=1024: cost model"),
     ],
 )
 def test_bad_values_and_names(tmp_path, override, message):

@@ -7,15 +7,33 @@ from typing import Any
 from horizon.policies.base import Policy
 from horizon.policies.fcfs import FCFS
 from horizon.policies.horizon import HorizonPolicy
+from horizon.policies.lpf import LongestPromptFirst
 from horizon.policies.memory_first import MemoryFirst
 from horizon.policies.oracle_srpt import OracleSRPT
+from horizon.policies.random_order import RandomOrder
+from horizon.policies.sglang import SGLangPolicy
+from horizon.policies.sjf_predicted import SJFPredicted
 from horizon.policies.sjf_prompt import SJFPrompt
+from horizon.policies.vllm import VLLM
 from horizon.registry import Registry
+
+BUILTIN = (
+    FCFS,
+    MemoryFirst,
+    SJFPrompt,
+    SJFPredicted,
+    RandomOrder,
+    LongestPromptFirst,
+    VLLM,
+    SGLangPolicy,
+    OracleSRPT,
+    HorizonPolicy,
+)
 
 
 def _builtin() -> Registry[Policy]:
     reg: Registry[Policy] = Registry("policy")
-    for cls in (FCFS, MemoryFirst, SJFPrompt, OracleSRPT, HorizonPolicy):
+    for cls in BUILTIN:
         reg.register(cls.name, cls)
     return reg
 
