@@ -14,14 +14,13 @@ Nothing else is special: a researcher's own class gets the same treatment as a b
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from experiments.policy_config import PolicyConfig, PredictorConfig
 from horizon.policies import Policy
 from horizon.policies.registry import POLICIES
-from horizon.registry import takes
+from horizon.registry import requires, takes
 
 PredictorSource = Callable[[PredictorConfig], object]
 
@@ -53,7 +52,7 @@ def build_policy(
             raise ValueError(f"policy.predictor: policy {cfg.name!r} takes no predictor")
         predictor = predictor_for(pred_cfg)
         options["predictor"] = predictor
-    elif _requires(factory, "predictor") and "predictor" not in options:
+    elif requires(factory, "predictor") and "predictor" not in options:
         raise ValueError(
             f"policy.predictor: policy {cfg.name!r} needs a predictor "
             "(e.g. policy.predictor.name=oracle)"
@@ -94,12 +93,3 @@ def ready_predictor(cfg: PredictorConfig) -> object:
             "replay its predictions (predictor 'prepared')"
         )
     return make_predictor(cfg.name, **cfg.options)
-
-
-def _requires(factory: Callable[..., object], parameter: str) -> bool:
-    """Whether ``factory`` names ``parameter`` without a default."""
-    try:
-        p = inspect.signature(factory).parameters.get(parameter)
-    except (TypeError, ValueError):
-        return False
-    return p is not None and p.default is inspect.Parameter.empty

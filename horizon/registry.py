@@ -63,6 +63,13 @@ def takes(factory: Callable[..., object], parameter: str) -> bool:
     return p is not None and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
 
 
+def requires(factory: Callable[..., object], parameter: str) -> bool:
+    """Whether ``factory`` names ``parameter`` with no default: it must be given."""
+    if not takes(factory, parameter):
+        return False
+    return inspect.signature(factory).parameters[parameter].default is inspect.Parameter.empty
+
+
 class Registry(Generic[T]):
     """Builds implementations by name; unknown names and bad options raise ValueError."""
 

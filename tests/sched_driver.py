@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import inspect
 import random
 from dataclasses import dataclass
 
@@ -11,6 +10,7 @@ from horizon.plan import StepPlan
 from horizon.policies import Policy, make_policy
 from horizon.policies.registry import POLICIES
 from horizon.prediction import LengthDistribution
+from horizon.registry import requires
 from horizon.request import Request
 from horizon.scheduler import Scheduler
 from horizon.scheduler_config import SchedulerConfig
@@ -36,8 +36,7 @@ def policy_for_test(name: str) -> Policy:
     model needed), ``horizon`` with a short refresh."""
     if name == "horizon":
         return make_policy(name, predictor=ExactOracle(), refresh_every=4, ttft_slo=0.5)
-    needed = inspect.signature(POLICIES.resolve(name)).parameters.get("predictor")
-    if needed is not None and needed.default is inspect.Parameter.empty:
+    if requires(POLICIES.resolve(name), "predictor"):
         return make_policy(name, predictor=ExactOracle())
     return make_policy(name)
 
