@@ -11,9 +11,10 @@ the GPU engine and on the simulator from the same requests, side by side.
     python -m experiments.headline_engine compare [ENG] [--out results/headline_engine]   # CPU
         [--cost-scale F] [--noise-seeds N]
 
-``export`` builds the headline's setting (``policy_gain.SETTING``: the 7B shape, 3,000 blocks,
-held-out ShareGPT first turns, SLO ``h200_7b``) at ``--rate`` (default: the ``load`` of
-``results/policy_gain/policy_gain.json``), and per seed writes the requests, a manifest
+``export`` builds the headline's setting (``gain_settings.SETTINGS["poisson"]``: the 7B shape,
+3,000 blocks, held-out ShareGPT first turns, SLO ``h200_7b``) at ``--rate`` (default: the
+previous headline's load, ``results/policy_gain_fcfs_load/policy_gain.json``), and per seed
+writes the requests, a manifest
 (scheduler, SLO and each policy's options as the simulator's configs resolve them; the engine's
 calibrated ``max_model_len``) and the learned predictor's predictions for those requests
 (``predictors.prepared``: the engine machine need not have the tokenizer or this scikit-learn,
@@ -55,7 +56,16 @@ POLICIES = (
     ("sjf_prompt", "sjf_prompt", None),
     ("horizon_learned", "horizon_learned", "prepared"),
     ("horizon_oracle", "horizon_oracle", "oracle"),
+    # the rebuilt headline's tuned rows (configs/policy/tuned/), each run at its own rate_at_90
+    ("horizon_tuned", "horizon_tuned", "prepared"),
+    ("sglang_tuned", "sglang_tuned", None),
+    ("sjf_prompt_tuned", "sjf_prompt_tuned", None),
 )
+TUNED_ROWS = {
+    "horizon_tuned": ["policy=tuned/horizon"],
+    "sglang_tuned": ["policy=tuned/sglang"],
+    "sjf_prompt_tuned": ["policy=tuned/sjf_prompt"],
+}
 DRAIN_S = 30.0  # both sides stop this long after the last arrival
 # the engine's max_model_len in its calibration runs (experiments.fidelity): the decode kernel's
 # split count follows it, so the engine runs the headline with it too (every request fits)
@@ -76,9 +86,9 @@ METRICS = (
 
 
 def _headline_load() -> float:
-    path = REPO / "results" / "policy_gain" / "policy_gain.json"
+    path = REPO / "results" / "policy_gain_fcfs_load" / "policy_gain.json"
     if not path.exists():
-        raise ValueError(f"{path} is missing: give --rate, or run experiments.policy_gain")
+        raise ValueError(f"{path} is missing: give --rate")
     return float(json.loads(path.read_text())["load"])
 
 
@@ -87,12 +97,12 @@ def _setting(rate: float, seed: int) -> dict:
     from hydra import initialize_config_dir
 
     from experiments.config_store import register_configs
-    from experiments.policy_gain import FULL, Runner
-    from experiments.policy_gain import POLICIES as GAIN_POLICIES
+    from experiments.gain_runner import Plan, Runner
+    from experiments.gain_settings import SHIPPED_ROWS
 
     register_configs()
     with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
-        runner = Runner(FULL, [], GAIN_POLICIES)
+        runner = Runner(Plan(4000, (seed,), 0, rate, rate), [], {**SHIPPED_ROWS, **TUNED_ROWS})
         return {row: runner.config(row, rate, seed) for _, row, _ in POLICIES}
 
 
@@ -170,7 +180,7 @@ def _export_seed(rate: float, seed: int, chosen: list[str], outdir: Path, source
         notes={
             "slo_preset": cfg.slo.name,
             "drain_s": DRAIN_S,
-            "setting": "experiments.policy_gain.SETTING",
+            "setting": "experiments.gain_settings.SETTINGS['poisson']",
             "num_requests": len(requests),
             "commit": source_commit(),
         },

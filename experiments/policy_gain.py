@@ -1,290 +1,145 @@
-"""The headline comparison: how much goodput Horizon gains over the baselines under KV pressure.
+"""The headline: Horizon against the strongest baselines, tuned alike, at every load, with CIs.
 
-    python -m experiments.policy_gain [--quick] [--no-triage-row] [--out DIR]
+    python -m experiments.policy_gain [--setting poisson --setting azure ...] [--jobs 2]
+        [--quick] [--out DIR]
 
-Setting: the Qwen2.5-7B shape on one H200 (the default cost model: the one fitted to the
-engine's online 7B steps; ``--override backend=sim`` for the analytic roofline), the
-KV-bound pool of the main sweep (3,000 blocks), ShareGPT first turns from the half of the
-conversations held out of the learned predictor's training split, Poisson arrivals, SLO preset
-``h200_7b`` (TTFT 1 s, ITL 50 ms), lifetime goodput. Steps:
+For each setting of ``experiments.gain_settings`` (default: all three), every row (policy) and
+every seed of the plan:
 
-1. ``load``: bisect the arrival rate until fcfs's lifetime goodput (mean over seeds) is ~0.5
-   (past the plan's 0.7 req/s steps, finer ones until it is within 0.03 above 0.5: near
-   saturation fcfs falls off a cliff);
-2. run every policy there, on every seed: goodput, throughput, p99 TTFT, recompute waste, the
-   longest queue wait;
-3. ``rate_at_90``: for each policy, bisect the highest rate whose mean goodput is >= 0.9.
+1. ``rate_at_90``: the highest mean arrival rate at which lifetime goodput (TTFT <= 1 s and every
+   ITL <= 50 ms) stays >= 0.9 on that seed, by bisection in [lo, hi];
+2. at ``LOAD_FRACTIONS`` x the best row's mean rate_at_90 (light load to 1.3x): goodput,
+   throughput, p99 TTFT and ITL, preemptions, recompute waste and the longest queue wait.
 
-Prints a table, writes ``policy_gain.json`` and ``policy_gain.md`` into ``--out``, and prints
-as its LAST line one JSON object: load, goodput, throughput, p99_ttft, rate_at_90,
-recompute_waste (per policy, means over seeds) and their seed spreads.
+Means over seeds with 95% t intervals (``experiments.gain_stats``). The strongest baseline is the
+row, neither Horizon nor an oracle, with the highest mean rate_at_90; at each load, the one with
+the highest mean goodput there. Ratios are per seed (the same requests under both policies).
+The baselines with knobs run with the settings ``experiments.policy_tuning`` chose on another
+seed (``configs/policy/tuned/``).
+
+Each setting's figures go to ``<out>/settings/<setting>.json``; then every setting file there is
+combined into ``<out>/policy_gain.json`` and ``policy_gain.md``, and the figures are drawn. The
+LAST line printed is one JSON object: the first setting's (``poisson`` when present)
+``rate_at_90``, ``rate_at_90_ci``, ``strongest_baseline``, ``gain_vs_strongest`` and
+``learned_vs_mean``, and every setting's under ``settings``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import replace
 from pathlib import Path
 
-import numpy as np
-from hydra import compose, initialize_config_dir
-from omegaconf import OmegaConf
-from tqdm import tqdm
+from hydra import initialize_config_dir
 
-from experiments.components import build_components
 from experiments.config import RunConfig
 from experiments.config_store import register_configs
-from experiments.runner import simulate
-from experiments.workloads import DataSources, make_workload
+from experiments.errors import ConfigError
+from experiments.gain_runner import METRICS, Plan, SeedResult, SeedTask, compose_run, run_tasks
+from experiments.gain_settings import SETTINGS, rows_of
+from experiments.gain_summary import summarise
 
 REPO = Path(__file__).resolve().parents[1]
-SETTING = [
-    "workload.conversations=held_out",
-    "workload.split_test_fraction=0.5",
-    "model.num_blocks=3000",
-    "slo=h200_7b",
-]
-POLICIES: dict[str, list[str]] = {
-    "fcfs": ["policy=fcfs"],
-    "memory_first": ["policy=memory_first"],
-    "sjf_prompt": ["policy=sjf_prompt"],
-    "horizon_learned": ["policy=horizon"],
-    "horizon_mean": ["policy=horizon_mean"],
-    "horizon_oracle": ["policy=horizon_oracle"],
-    "oracle_srpt": ["policy=oracle_srpt"],
-}
-# --no-triage-row: Horizon without triage beside it (another learned-predictor row, ~5 min)
-NO_TRIAGE = ("horizon_no_triage", ["policy=horizon_no_triage"])
-METRICS = (
-    "goodput_lifetime",
-    "throughput_tok_s",
-    "ttft_p99",
-    "recompute_waste",
-    "queue_wait_max",
-    "preemptions",
-    "itl_p99",
-)
+LOAD_FRACTIONS = (0.5, 0.7, 0.85, 1.0, 1.15, 1.3)
+EVAL_SEEDS = (0, 1, 2, 3, 4)
+FULL = Plan(num_requests=4000, seeds=EVAL_SEEDS, iterations=8, lo=10.0, hi=170.0)
+QUICK = Plan(num_requests=300, seeds=(0, 1), iterations=3, lo=10.0, hi=170.0)
+QUICK_ROWS = ("fcfs", "sglang", "horizon_mean", "horizon_oracle")  # no training in CI
 
 
-@dataclass(frozen=True)
-class Plan:
-    num_requests: int
-    seeds: tuple[int, ...]
-    iterations: int  # bisection steps
-    lo: float
-    hi: float
-    # ``load`` only: up to this many more steps while fcfs's goodput at the rate found is more
-    # than LOAD_TOLERANCE above 0.5 (near saturation it falls off a cliff within one step)
-    refine: int = 0
+def measure(setting: str, plan: Plan, jobs: int, extra: list[str], only=None) -> dict:  # noqa: ANN001
+    """Both steps for every row of ``setting`` on every seed: the setting's summary."""
+    start = time.perf_counter()
+    rows = {r: o for r, o in rows_of(setting).items() if only is None or r in only}
+    cfgs = _configs(setting, rows, extra)
+    tasks = [SeedTask(row, cfgs[row], s, plan) for row in _slowest_first(cfgs) for s in plan.seeds]
+    bisected = list(run_tasks(tasks, jobs))
+    rate90 = {row: _by_seed(bisected, row, plan, lambda r: r.rate_at_90) for row in rows}
+    best = max(sum(v) / len(v) for v in rate90.values())
+    loads = tuple(round(f * best, 1) for f in LOAD_FRACTIONS)
+    grid = list(run_tasks([replace(t, loads=loads) for t in tasks], jobs))
+    at_load = {m: {row: _per_load(grid, row, plan, loads, m) for row in rows} for m in METRICS}
+    runs = sum(r.runs for r in bisected + grid)
+    return summarise(
+        setting, rate90, loads, at_load, _conditions(cfgs, plan, extra), runs,
+        time.perf_counter() - start,
+    )  # fmt: skip
 
 
-LOAD_TOLERANCE = 0.03
-FULL = Plan(num_requests=4000, seeds=(0, 1, 2), iterations=8, lo=20.0, hi=200.0, refine=6)
-QUICK = Plan(num_requests=600, seeds=(0,), iterations=5, lo=20.0, hi=200.0)
+def _configs(setting: str, rows: dict[str, list[str]], extra: list[str]) -> dict[str, RunConfig]:
+    missing = [o for ov in rows.values() for o in ov if o.startswith("policy=tuned/")]
+    tuned = REPO / "configs" / "policy"
+    absent = [o for o in missing if not (tuned / f"{o.removeprefix('policy=')}.yaml").exists()]
+    if absent:
+        raise ConfigError("policy", absent[0], "no such config: run experiments.policy_tuning")
+    register_configs()
+    with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
+        return {row: compose_run([*SETTINGS[setting], *extra, *ov]) for row, ov in rows.items()}
 
 
-class Runner:
-    """Runs (policy, rate) over the plan's seeds, reusing loaded data and workloads."""
+def _slowest_first(cfgs: dict[str, RunConfig]) -> list[str]:
+    """Rows with a learned predictor first (the slowest), so the workers finish together."""
 
-    def __init__(
-        self, plan: Plan, extra: list[str], policies: dict[str, list[str]] | None = None
-    ) -> None:
-        self.plan, self.extra = plan, extra
-        self.policies = POLICIES if policies is None else policies
-        self.sources: DataSources | None = None
-        self._workloads: dict[tuple[float, int], object] = {}
-        self.runs = 0
-        # bisections: the number of runs is not known ahead, so a counter with its rate
-        self.progress = tqdm(desc="simulated runs", unit="run", disable=None, file=sys.stderr)
+    def learned(row: str) -> bool:
+        return (cfgs[row].policy.predictor or {}).get("name") == "learned"
 
-    def config(self, policy: str, rate: float, seed: int) -> RunConfig:
-        overrides = [
-            *SETTING,
-            *self.extra,
-            *self.policies[policy],
-            f"rate={rate}",
-            f"seed={seed}",
-            f"num_requests={self.plan.num_requests}",
-        ]
-        cfg = OmegaConf.to_object(compose("run", overrides=overrides))
-        assert isinstance(cfg, RunConfig)
-        return cfg
-
-    def metrics(self, policy: str, rate: float) -> dict[str, list[float]]:
-        out: dict[str, list[float]] = {m: [] for m in METRICS}
-        for seed in self.plan.seeds:
-            cfg = self.config(policy, rate, seed)
-            if self.sources is None:
-                self.sources = DataSources(cfg.data)
-            key = (rate, seed)
-            if key not in self._workloads:
-                self._workloads[key] = make_workload(cfg, self.sources)
-            parts = build_components(cfg, self.sources)
-            result = simulate(cfg, self._workloads[key], parts)
-            self.runs += 1
-            self.progress.update()
-            for m in METRICS:
-                out[m].append(float(result.metrics[m]))
-        return out
+    return sorted(cfgs, key=lambda row: not learned(row))
 
 
-def bisect_rate(
-    goodput_at: Callable[[float], float],
-    target: float,
-    plan: Plan,
-    tolerance: float | None = None,
-) -> float:
-    """Highest rate in [lo, hi] (to the plan's precision) whose goodput is >= ``target``.
+def _by_seed(results: list[SeedResult], row: str, plan: Plan, get) -> list[float]:  # noqa: ANN001
+    got = {r.seed: get(r) for r in results if r.row == row}
+    return [float(got[s]) for s in plan.seeds]
 
-    With ``tolerance``: after the plan's steps, up to ``plan.refine`` more while the goodput at
-    the rate found exceeds ``target + tolerance`` (rates are kept to 0.01 req/s).
-    """
-    lo, hi = plan.lo, plan.hi
-    if goodput_at(lo) < target:
-        return lo
-    if goodput_at(hi) >= target:
-        return hi
-    steps = plan.iterations + (plan.refine if tolerance is not None else 0)
-    for i in range(steps):
-        if i >= plan.iterations and goodput_at(lo) <= target + tolerance:
-            break
-        mid = round((lo + hi) / 2, 2)
-        if mid in (lo, hi):
-            break
-        if goodput_at(mid) >= target:
-            lo = mid
-        else:
-            hi = mid
-    return lo
+
+def _per_load(results: list[SeedResult], row: str, plan: Plan, loads, metric: str) -> list:  # noqa: ANN001
+    """Per load, the row's ``metric`` on every seed."""
+    return [_by_seed(results, row, plan, lambda r, x=x: r.at[x][metric]) for x in loads]
+
+
+def _conditions(cfgs: dict[str, RunConfig], plan: Plan, extra: list[str]) -> dict:
+    cfg = next(iter(cfgs.values()))
+    w = cfg.workload
+    return {
+        "backend": "simulator",
+        "model": cfg.model.shape,
+        "gpu": cfg.model.gpu,
+        "cost_model": cfg.backend.cost_model,
+        "num_blocks": cfg.model.num_blocks,
+        "workload": f"{w.name} ({w.conversations} conversations)",
+        "arrival": w.arrival,
+        "slo": cfg.slo.name,
+        "goodput": "lifetime (TTFT <= 1 s and every ITL <= 50 ms)",
+        "num_requests": plan.num_requests,
+        "seeds": list(plan.seeds),
+        "bisection": {"iterations": plan.iterations, "lo": plan.lo, "hi": plan.hi},
+        "load_fractions": list(LOAD_FRACTIONS),
+        "interval": "95% Student t over seeds; ratios per seed",
+        "overrides": list(extra),
+        "policies": {row: c.policy.label for row, c in cfgs.items()},
+    }
 
 
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="a small version (CI)")
+    ap.add_argument("--setting", action="append", choices=list(SETTINGS), default=None)
+    ap.add_argument("--quick", action="store_true", help="CI-sized: 300 requests, 2 seeds, 4 rows")
+    ap.add_argument("--jobs", type=int, default=1, help="worker processes")
     ap.add_argument("--out", default=str(REPO / "results" / "policy_gain"))
     ap.add_argument("--override", action="append", default=[], help="extra hydra override")
-    ap.add_argument(
-        "--no-triage-row",
-        action="store_true",
-        help="also run horizon without triage (the ablation of its queue triage; ~5 min more)",
-    )
     args = ap.parse_args(argv)
-    plan = QUICK if args.quick else FULL
-    policies = dict(POLICIES)
-    if args.no_triage_row:  # right after horizon_learned, for the table
-        items = list(policies.items())
-        at_ = [k for k, _ in items].index("horizon_learned") + 1
-        policies = dict(items[:at_] + [NO_TRIAGE] + items[at_:])
-    start = time.perf_counter()
-    register_configs()
-    with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
-        runner = Runner(plan, args.override, policies)
-        memo: dict[tuple[str, float], dict[str, list[float]]] = {}
+    plan, only = (QUICK, QUICK_ROWS) if args.quick else (FULL, None)
+    out = Path(args.out)
+    (out / "settings").mkdir(parents=True, exist_ok=True)
+    for setting in args.setting or list(SETTINGS):
+        result = measure(setting, plan, args.jobs, args.override, only)
+        (out / "settings" / f"{setting}.json").write_text(json.dumps(result, indent=1))
+    from experiments.gain_report import write_report
 
-        def at(policy: str, rate: float) -> dict[str, list[float]]:
-            if (policy, rate) not in memo:
-                memo[(policy, rate)] = runner.metrics(policy, rate)
-            return memo[(policy, rate)]
-
-        def mean_goodput(policy: str) -> Callable[[float], float]:
-            return lambda rate: float(np.mean(at(policy, rate)["goodput_lifetime"]))
-
-        load = bisect_rate(mean_goodput("fcfs"), 0.5, plan, LOAD_TOLERANCE)
-        print(f"load where fcfs keeps ~50% lifetime goodput: {load:g} req/s", flush=True)
-        table = {p: at(p, load) for p in policies}
-        rate90 = {p: bisect_rate(mean_goodput(p), 0.9, plan) for p in policies}
-        cfg = runner.config("fcfs", load, plan.seeds[0])
-    out = _summary(
-        load, table, rate90, plan, runner.runs, time.perf_counter() - start, cfg, args.override
-    )
-    _write(out, Path(args.out))
-    print(json.dumps(out))
-    return out
-
-
-def _summary(load, table, rate90, plan, runs, wall, cfg: RunConfig, extra: list[str]) -> dict:  # noqa: ANN001
-    def mean(p: str, m: str) -> float:
-        return round(float(np.mean(table[p][m])), 4)
-
-    def spread(p: str, m: str) -> list[float]:
-        return [round(float(np.min(table[p][m])), 4), round(float(np.max(table[p][m])), 4)]
-
-    out = {
-        "load": load,
-        "goodput": {p: mean(p, "goodput_lifetime") for p in table},
-        "throughput": {p: mean(p, "throughput_tok_s") for p in table},
-        "p99_ttft": {p: mean(p, "ttft_p99") for p in table},
-        "rate_at_90": rate90,
-        "recompute_waste": {p: mean(p, "recompute_waste") for p in table},
-        "max_queue_wait": {p: mean(p, "queue_wait_max") for p in table},
-        "p99_itl": {p: mean(p, "itl_p99") for p in table},
-        "preemptions": {p: mean(p, "preemptions") for p in table},
-        "goodput_spread": {p: spread(p, "goodput_lifetime") for p in table},
-        "throughput_spread": {p: spread(p, "throughput_tok_s") for p in table},
-        "p99_ttft_spread": {p: spread(p, "ttft_p99") for p in table},
-        "goodput_kind": "lifetime (TTFT <= 1 s and every ITL <= 50 ms)",
-        "setting": {  # as the runs resolved it (--override included)
-            "model": cfg.model.shape,
-            "gpu": "H200",
-            "cost_model": cfg.backend.cost_model,
-            "cost_model_options": dict(cfg.backend.cost_model_options),
-            "num_blocks": cfg.model.num_blocks,
-            "workload": f"{cfg.workload.name} ({cfg.workload.conversations} conversations)",
-            "slo": cfg.slo.name,
-            "overrides": list(extra),
-            "num_requests": plan.num_requests,
-            "seeds": list(plan.seeds),
-            "bisection_iterations": plan.iterations,
-            "load_refine": {"steps": plan.refine, "tolerance": LOAD_TOLERANCE},
-        },
-        "runs": runs,
-        "wall_s": round(wall, 1),
-    }
-    f, h = out["goodput"]["fcfs"], out["goodput"]["horizon_learned"]
-    out["ratios"] = {
-        "goodput_vs_fcfs": round(h / f, 3) if f else None,
-        "goodput_vs_sjf_prompt": round(h / out["goodput"]["sjf_prompt"], 3)
-        if out["goodput"]["sjf_prompt"]
-        else None,
-        "goodput_vs_horizon_oracle": round(h / out["goodput"]["horizon_oracle"], 3)
-        if out["goodput"]["horizon_oracle"]
-        else None,
-        "throughput_vs_fcfs": round(
-            out["throughput"]["horizon_learned"] / out["throughput"]["fcfs"], 3
-        ),
-        "rate_at_90_vs_fcfs": round(rate90["horizon_learned"] / rate90["fcfs"], 3)
-        if rate90["fcfs"]
-        else None,
-    }
-    return out
-
-
-def _write(out: dict, where: Path) -> None:
-    where.mkdir(parents=True, exist_ok=True)
-    (where / "policy_gain.json").write_text(json.dumps(out, indent=1))
-    lines = [
-        f"At {out['load']:g} req/s (fcfs lifetime goodput ~0.5); means over seeds "
-        f"{out['setting']['seeds']} with [min, max]. Cost model: "
-        f"{out['setting']['cost_model']} ({out['setting']['model']}).",
-        "",
-        "| policy | lifetime goodput | throughput (tok/s) | p99 TTFT (s) | recompute waste "
-        "| max queue wait (s) | rate at 90% goodput (req/s) |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for p in out["goodput"]:
-        g, gs = out["goodput"][p], out["goodput_spread"][p]
-        lines.append(
-            f"| {p} | {g:.3f} [{gs[0]:.3f}, {gs[1]:.3f}] | {out['throughput'][p]:.0f} | "
-            f"{out['p99_ttft'][p]:.2f} | {out['recompute_waste'][p]:.3f} | "
-            f"{out['max_queue_wait'][p]:.1f} | {out['rate_at_90'][p]:g} |"
-        )
-    text = "\n".join(lines) + "\n"
-    (where / "policy_gain.md").write_text(text)
-    print(text)
+    combined = write_report(out)
+    print(json.dumps(combined["headline"]))
+    return combined
 
 
 if __name__ == "__main__":

@@ -44,7 +44,8 @@ from hydra import initialize_config_dir
 
 from experiments.components import build_components
 from experiments.config_store import register_configs
-from experiments.policy_gain import FULL, POLICIES, QUICK, Plan, Runner
+from experiments.gain_runner import Plan, Runner
+from experiments.gain_settings import SHIPPED_ROWS
 from experiments.runner import simulate
 from experiments.workloads import DataSources, make_workload
 from horizon.metrics import goodput
@@ -58,13 +59,15 @@ ROWS: tuple[tuple[str, str], ...] = (
     ("horizon_oracle", "true"),
     ("horizon_learned", "predicted"),
 )
-# experiments.policy_gain's policies, and Horizon with noisy oracles (the predictor quality a
-# rate needs)
+# the previous headline's policies as shipped, and Horizon with noisy oracles (the predictor
+# quality a rate needs)
 SHED_POLICIES: dict[str, list[str]] = {
-    **POLICIES,
+    **SHIPPED_ROWS,
     "horizon_noisy_s025": ["policy=horizon_noisy_s025_m10"],
     "horizon_noisy_s05": ["policy=horizon_noisy_s05_m10"],
 }
+FULL = Plan(num_requests=4000, seeds=(0, 1, 2), iterations=8, lo=20.0, hi=200.0)
+QUICK = Plan(num_requests=600, seeds=(0,), iterations=5, lo=20.0, hi=200.0)
 RATES: tuple[float, ...] = (80.0, 84.0, 88.0)
 FRACTIONS: tuple[float, ...] = (0.0, 0.03, 0.06, 0.08, 0.09, 0.1, 0.12)
 

@@ -8,7 +8,8 @@ import pytest
 from hydra import initialize_config_dir
 
 from experiments.config_store import register_configs
-from experiments.policy_gain import REPO, Plan, Runner
+from experiments.gain_runner import Plan, Runner
+from experiments.policy_gain import REPO
 from experiments.shedding_reference import (
     SHED_POLICIES,
     ShedRun,
