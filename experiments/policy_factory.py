@@ -82,10 +82,11 @@ def ready_predictor(cfg: PredictorConfig) -> object:
     Raises:
         ValueError: the predictor learns and has no artifact to load.
     """
-    from experiments.length_predictor import load_saved
     from predictors import make_predictor
 
-    if cfg.artifact is not None:
+    if cfg.artifact is not None:  # (the training side: needs the simulator's configs)
+        from experiments.length_predictor import load_saved
+
         return load_saved(cfg, cfg.options.get("threads"))
     if cfg.learns:
         raise ValueError(

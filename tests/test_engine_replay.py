@@ -62,3 +62,31 @@ def test_a_policy_by_name_gets_its_predictor_only_if_it_takes_one():
     assert hz.ttft_slo == 0.5 and type(hz.predictor).__name__ == "OraclePredictor"
     with pytest.raises(ValueError, match="needs a predictor"):
         replay._policy("horizon", None, 0.5)
+
+
+def test_the_engine_side_builds_policies_without_the_simulators_stack(tmp_path):
+    """The GPU machine has no simpy, hydra or scikit-learn: a manifest's policy with replayed
+    predictions is built there without importing them (the file's own check is what fails)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "for m in ('simpy', 'hydra', 'omegaconf', 'sklearn'): sys.modules[m] = None\n"
+        "from experiments.fidelity_manifest import PolicySpec\n"
+        f"spec = PolicySpec('horizon', {{}}, 'prepared', {{'path': {str(tmp_path / 'none')!r}}})\n"
+        "try:\n"
+        "    spec.build(1.0)\n"
+        "except ModuleNotFoundError as e:\n"
+        "    print('IMPORT', e); raise SystemExit(3)\n"
+        "except (OSError, ValueError) as e:\n"
+        "    print('FILE', e)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.stdout.startswith("FILE") and "none" in out.stdout
+    oracle = code.replace("'prepared', {'path'", "'oracle', {'unused'").split("try:")[0]
+    oracle = oracle.replace(", {'unused': " + repr(str(tmp_path / "none")) + "})", ", {})")
+    ok = subprocess.run([sys.executable, "-c", oracle + "print(spec.build(1.0).name)"],
+                        capture_output=True, text=True)  # fmt: skip
+    assert ok.returncode == 0 and ok.stdout.strip() == "horizon", ok.stderr
