@@ -92,5 +92,9 @@ def _setting_tables(name: str, s: dict) -> list[str]:
         cells = [f"{r['mean']:.2f} [{r['ci'][0]:.2f}, {r['ci'][1]:.2f}] vs {b}" if r else "n/a"
                  for r, b in zip(ratios, s["strongest_at_load"], strict=True)]  # fmt: skip
         lines.append("| horizon_learned ÷ strongest baseline | " + " | ".join(cells) + " |")
+    vs_mean = s.get("learned_vs_mean_at_load") or []
+    if vs_mean:
+        cells = [f"{r['mean']:.3f} [{r['ci'][0]:.3f}, {r['ci'][1]:.3f}]" for r in vs_mean]
+        lines.append("| horizon_learned ÷ horizon_mean | " + " | ".join(cells) + " |")
     lines.append("")
     return lines

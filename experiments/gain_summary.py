@@ -31,6 +31,7 @@ def summarise(setting, rate90, loads, at_load, conditions, runs, wall_s) -> dict
             m: {row: [rounded(mean_ci(v)) for v in per_load] for row, per_load in by_row.items()}
             for m, by_row in at_load.items()
         },
+        "goodput_seeds": at_load["goodput_lifetime"],  # per load, per seed: for later ratios
         "runs": runs,
         "wall_s": round(wall_s, 1),
     }
@@ -59,12 +60,19 @@ def _per_load(goodput: dict, loads) -> dict:  # noqa: ANN001
     baselines = [row for row in goodput if is_baseline(row)]
     if not baselines:
         return {}
-    best, ratio = [], []
+    best, ratio, vs_mean = [], [], []
     for k in range(len(loads)):
+        if HORIZON in goodput and HORIZON_MEAN in goodput and min(goodput[HORIZON_MEAN][k]) > 0:
+            vs_mean.append(
+                rounded(paired_ratio_ci(goodput[HORIZON][k], goodput[HORIZON_MEAN][k]), 3)
+            )
         top = max(baselines, key=lambda row: sum(goodput[row][k]) / len(goodput[row][k]))
         best.append(top)
         if HORIZON in goodput and min(goodput[top][k]) > 0:
             ratio.append(rounded(paired_ratio_ci(goodput[HORIZON][k], goodput[top][k]), 3))
         else:
             ratio.append(None)
-    return {"strongest_at_load": best, "goodput_vs_strongest_at_load": ratio}
+    out = {"strongest_at_load": best, "goodput_vs_strongest_at_load": ratio}
+    if len(vs_mean) == len(loads):
+        out["learned_vs_mean_at_load"] = vs_mean
+    return out

@@ -53,7 +53,7 @@ def measure(setting: str, plan: Plan, jobs: int, extra: list[str], only=None) ->
     """Both steps for every row of ``setting`` on every seed: the setting's summary."""
     start = time.perf_counter()
     rows = {r: o for r, o in rows_of(setting).items() if only is None or r in only}
-    cfgs = _configs(setting, rows, extra)
+    cfgs = compose_rows(setting, rows, extra)
     tasks = [SeedTask(row, cfgs[row], s, plan) for row in _slowest_first(cfgs) for s in plan.seeds]
     bisected = list(run_tasks(tasks, jobs))
     rate90 = {row: _by_seed(bisected, row, plan, lambda r: r.rate_at_90) for row in rows}
@@ -68,7 +68,10 @@ def measure(setting: str, plan: Plan, jobs: int, extra: list[str], only=None) ->
     )  # fmt: skip
 
 
-def _configs(setting: str, rows: dict[str, list[str]], extra: list[str]) -> dict[str, RunConfig]:
+def compose_rows(
+    setting: str, rows: dict[str, list[str]], extra: list[str]
+) -> dict[str, RunConfig]:
+    """Each row's run config in ``setting`` (rate and seed: the defaults; tasks set them)."""
     missing = [o for ov in rows.values() for o in ov if o.startswith("policy=tuned/")]
     tuned = REPO / "configs" / "policy"
     absent = [o for o in missing if not (tuned / f"{o.removeprefix('policy=')}.yaml").exists()]

@@ -93,6 +93,8 @@ def test_the_strongest_baseline_is_neither_horizon_nor_an_oracle():
     assert s["strongest_at_load"] == ["sglang", "fcfs"]
     # per seed 0.9/0.5, 1.2/0.6, 1.4/0.7 = 1.8, 2, 2
     assert s["goodput_vs_strongest_at_load"][1]["mean"] == pytest.approx(5.8 / 3, abs=1e-3)
+    assert s["learned_vs_mean_at_load"][1]["mean"] == pytest.approx(3.5 / 0.8 / 3, abs=1e-3)
+    assert s["goodput_seeds"]["fcfs"][1] == [0.5, 0.6, 0.7]
     lo, hi = s["rate_at_90_ci"]["fcfs"]
     assert lo < s["rate_at_90"]["fcfs"] == 52.0 < hi
     assert set(ORACLES) & set(rows_of("poisson")) == set(ORACLES)
