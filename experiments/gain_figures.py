@@ -35,7 +35,7 @@ def goodput_figure(settings: dict, path: Path) -> Path:
         ax.set_ylim(-0.02, 1.02)
         ax.set_title(f"{name} ({len(s['conditions']['seeds'])} seeds, 95% bands)", fontsize=9)
         style_axes(ax, "mean arrival rate (req/s)", "lifetime goodput")
-    legend_below(fig, axes[0], "policy")
+    legend_below(fig, max(axes, key=lambda a: len(a.get_lines())), "policy")  # every row
     return save(fig, path)
 
 
