@@ -46,8 +46,8 @@ def write_report(where: Path) -> dict:
     from experiments.gain_figures import draw
 
     combined = combine(where)
-    doc = {**combined["headline"], "full": combined["settings"]}
-    (where / "policy_gain.json").write_text(json.dumps(doc, indent=1))
+    # the headline keys only: every other figure is in settings/<name>.json, once
+    (where / "policy_gain.json").write_text(json.dumps(combined["headline"], indent=1))
     (where / "policy_gain.md").write_text(markdown(combined["settings"]))
     draw(combined["settings"], where)
     return combined

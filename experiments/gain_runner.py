@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import multiprocessing
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
 
@@ -183,14 +183,23 @@ def _run_in_worker(task: SeedTask) -> SeedResult:
     return run_task(task, _PROCESS["sources"])
 
 
-def run_tasks(tasks: Sequence[SeedTask], jobs: int) -> Iterator[SeedResult]:
-    """Results of ``tasks``, in their order: in this process (``jobs == 1``) or in ``jobs``
-    forked workers, each loading the data once."""
+def run_tasks(tasks: Sequence[SeedTask], jobs: int) -> list[SeedResult]:
+    """Results of ``tasks``, in their order: run in this process (``jobs == 1``) or in ``jobs``
+    forked workers, each loading the data once. Tasks with a learned predictor (the slowest)
+    are handed out first, so the workers finish together."""
+    order = sorted(range(len(tasks)), key=lambda i: not _learned(tasks[i]))
     if jobs == 1:
         sources = DataSources(tasks[0].cfg.data) if tasks else None
-        for t in tasks:
-            yield run_task(t, sources)
-        return
-    ctx = multiprocessing.get_context("fork")
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
-        yield from pool.map(_run_in_worker, tasks)
+        done = [run_task(tasks[i], sources) for i in order]
+    else:
+        ctx = multiprocessing.get_context("fork")
+        with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
+            done = list(pool.map(_run_in_worker, [tasks[i] for i in order]))
+    out: list[SeedResult] = [None] * len(tasks)  # type: ignore[list-item]
+    for i, result in zip(order, done, strict=True):
+        out[i] = result
+    return out
+
+
+def _learned(task: SeedTask) -> bool:
+    return (task.cfg.policy.predictor or {}).get("name") == "learned"

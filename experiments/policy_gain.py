@@ -17,8 +17,8 @@ the highest mean goodput there. Ratios are per seed (the same requests under bot
 The baselines with knobs run with the settings ``experiments.policy_tuning`` chose on another
 seed (``configs/policy/tuned/``).
 
-Each setting's figures go to ``<out>/settings/<setting>.json``; then every setting file there is
-combined into ``<out>/policy_gain.json`` and ``policy_gain.md``, and the figures are drawn. The
+Each setting's figures go to ``<out>/settings/<setting>.json``; then the settings files there
+give ``<out>/policy_gain.json`` (the headline keys), ``policy_gain.md`` and the figures. The
 LAST line printed is one JSON object: the first setting's (``poisson`` when present)
 ``rate_at_90``, ``rate_at_90_ci``, ``strongest_baseline``, ``gain_vs_strongest`` and
 ``learned_vs_mean``, and every setting's under ``settings``.
@@ -54,12 +54,12 @@ def measure(setting: str, plan: Plan, jobs: int, extra: list[str], only=None) ->
     start = time.perf_counter()
     rows = {r: o for r, o in rows_of(setting).items() if only is None or r in only}
     cfgs = compose_rows(setting, rows, extra)
-    tasks = [SeedTask(row, cfgs[row], s, plan) for row in _slowest_first(cfgs) for s in plan.seeds]
-    bisected = list(run_tasks(tasks, jobs))
+    tasks = [SeedTask(row, cfgs[row], s, plan) for row in cfgs for s in plan.seeds]
+    bisected = run_tasks(tasks, jobs)
     rate90 = {row: _by_seed(bisected, row, plan, lambda r: r.rate_at_90) for row in rows}
     best = max(sum(v) / len(v) for v in rate90.values())
     loads = tuple(round(f * best, 1) for f in LOAD_FRACTIONS)
-    grid = list(run_tasks([replace(t, loads=loads) for t in tasks], jobs))
+    grid = run_tasks([replace(t, loads=loads) for t in tasks], jobs)
     at_load = {m: {row: _per_load(grid, row, plan, loads, m) for row in rows} for m in METRICS}
     runs = sum(r.runs for r in bisected + grid)
     return summarise(
@@ -80,15 +80,6 @@ def compose_rows(
     register_configs()
     with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
         return {row: compose_run([*SETTINGS[setting], *extra, *ov]) for row, ov in rows.items()}
-
-
-def _slowest_first(cfgs: dict[str, RunConfig]) -> list[str]:
-    """Rows with a learned predictor first (the slowest), so the workers finish together."""
-
-    def learned(row: str) -> bool:
-        return (cfgs[row].policy.predictor or {}).get("name") == "learned"
-
-    return sorted(cfgs, key=lambda row: not learned(row))
 
 
 def _by_seed(results: list[SeedResult], row: str, plan: Plan, get) -> list[float]:  # noqa: ANN001

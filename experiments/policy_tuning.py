@@ -55,7 +55,7 @@ def tune(plan: Plan, jobs: int, only: list[str] | None = None, known: dict | Non
             for n, i, o in cands
             if (n, tuple(o[1:])) not in done
         ]
-    rates = {r.row: r.rate_at_90 for r in run_tasks(_slowest_first(tasks), jobs)}
+    rates = {r.row: r.rate_at_90 for r in run_tasks(tasks, jobs)}
     rates.update(
         {f"{n}#{i}": done[(n, tuple(o[1:]))] for n, i, o in cands if (n, tuple(o[1:])) in done}
     )
@@ -84,16 +84,6 @@ def _measured(known: dict | None, plan: Plan) -> dict[tuple[str, tuple[str, ...]
 def _plan_doc(plan: Plan) -> dict:
     return {"num_requests": plan.num_requests, "seed": TUNING_SEED, "setting": "poisson",
             "iterations": plan.iterations, "lo": plan.lo, "hi": plan.hi}  # fmt: skip
-
-
-def _slowest_first(tasks: list[SeedTask]) -> list[SeedTask]:
-    """Learned-predictor rows first (the slowest), so two workers finish together."""
-
-    def key(t: SeedTask) -> int:
-        p = t.cfg.policy.predictor or {}
-        return 0 if p.get("name") == "learned" else 1
-
-    return sorted(tasks, key=key)
 
 
 def write_configs(result: dict, where: Path, stamp: str) -> None:

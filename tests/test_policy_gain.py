@@ -162,6 +162,25 @@ def test_workers_give_the_same_figures_as_one_process():
         cfg = compose_run([*SETTINGS["poisson"], "policy=fcfs"])
     plan = Plan(num_requests=40, seeds=(0,), iterations=1, lo=10.0, hi=170.0)
     tasks = [SeedTask("fcfs", cfg, s, plan, loads=(80.0, 200.0)) for s in (0, 1, 2)]
-    one, two = list(run_tasks(tasks, 1)), list(run_tasks(tasks, 2))
+    one, two = run_tasks(tasks, 1), run_tasks(tasks, 2)
     assert [r.at for r in one] == [r.at for r in two]
     assert one[0].at != one[1].at  # seeds differ
+
+
+def test_learned_rows_run_first_and_results_keep_the_tasks_order(monkeypatch):
+    import experiments.gain_runner as gr
+
+    register_configs()
+    with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
+        fcfs, horizon = compose_run(["policy=fcfs"]), compose_run(["policy=horizon"])
+    ran = []
+
+    def fake(task, sources=None):  # noqa: ANN001, ANN202
+        ran.append(task.row)
+        return gr.SeedResult(task.row, task.seed, 1.0, {}, 0)
+
+    monkeypatch.setattr(gr, "run_task", fake)
+    monkeypatch.setattr(gr, "DataSources", lambda data: None)
+    tasks = [SeedTask(r, c, 0, PLAN) for r, c in (("a", fcfs), ("b", horizon), ("c", fcfs))]
+    assert [r.row for r in run_tasks(tasks, 1)] == ["a", "b", "c"]
+    assert ran == ["b", "a", "c"]
