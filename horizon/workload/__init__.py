@@ -17,6 +17,13 @@ from horizon.workload.builder import Workload, build_workload
 from horizon.workload.chat_template import ChatTemplate
 from horizon.workload.config import ARRIVALS, MODES, SOURCES, WorkloadConfig
 from horizon.workload.filters import DROP_REASONS, LengthFilter
+from horizon.workload.hash_trace import load_hash_trace
+from horizon.workload.sessions import Session, SessionConfig, build_sessions, session_requests
+from horizon.workload.shared_prefix import (
+    GROUP_POPULARITIES,
+    SharedPrefixConfig,
+    build_shared_prefix,
+)
 from horizon.workload.sharegpt import ShareGPTCorpus, load_sharegpt
 from horizon.workload.tokenized import (
     DEFAULT_TOKENIZER,
@@ -30,23 +37,31 @@ __all__ = [
     "ARRIVALS",
     "DEFAULT_TOKENIZER",
     "DROP_REASONS",
+    "GROUP_POPULARITIES",
     "MODES",
     "SOURCES",
     "AzureTrace",
     "ChatTemplate",
     "LengthFilter",
+    "Session",
+    "SessionConfig",
     "ShareGPTCorpus",
+    "SharedPrefixConfig",
     "TokenizedCorpus",
     "Workload",
     "WorkloadConfig",
     "arrivals",
+    "build_sessions",
+    "build_shared_prefix",
     "build_workload",
     "encode_text",
     "gamma",
     "load_azure_trace",
+    "load_hash_trace",
     "load_sharegpt",
     "load_tokenizer",
     "poisson",
     "replay",
+    "session_requests",
     "tokenize_corpus",
 ]
