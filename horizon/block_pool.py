@@ -12,12 +12,18 @@ Every block is in exactly one of three states:
 
 Allocation takes plain blocks first and evicts the least recently freed cached block only when
 no plain block is left, so cached prefixes survive as long as possible.
+
+KV events (as production engines publish them to a cache-aware router): when ``events`` is a
+list, every hash that enters the index appends ``(STORED, hash)`` and every evicted one
+``(REMOVED, hash)``, in order; the pool's owner drains the list. ``None`` (default): none kept.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
+
+STORED, REMOVED = 1, 0  # kinds of KV event
 
 
 class BlockPool:
@@ -44,6 +50,7 @@ class BlockPool:
         # Plain free blocks as a stack; reversed so that a fresh pool hands out 0, 1, 2, ...
         self._plain: list[int] = list(range(num_blocks - 1, -1, -1))
         self._lru: OrderedDict[int, None] = OrderedDict()
+        self.events: list[tuple[int, int]] | None = None  # KV events, see the module docstring
 
     # -- queries (no side effects) -------------------------------------------------------------
     @property
@@ -61,6 +68,9 @@ class BlockPool:
 
     def ref_count(self, block: int) -> int:
         return self._ref[block]
+
+    def is_cached(self, block_hash: int) -> bool:
+        return block_hash in self._index
 
     def match(self, hashes: Sequence[int]) -> list[int]:
         """Longest prefix of ``hashes`` present in the cache index, as block ids."""
@@ -97,6 +107,8 @@ class BlockPool:
             self._hash[b] = None
             ref[b] = 1
             out.append(b)
+            if self.events is not None:
+                self.events.append((REMOVED, h))
         return out
 
     def adopt(self, blocks: Iterable[int]) -> None:
@@ -130,16 +142,20 @@ class BlockPool:
             return False
         self._index[block_hash] = block
         self._hash[block] = block_hash
+        if self.events is not None:
+            self.events.append((STORED, block_hash))
         return True
 
     def register_many(self, blocks: Sequence[int], hashes: Sequence[int]) -> None:
         """``register`` for each pair; taken hashes are skipped."""
-        index, block_hash, ref = self._index, self._hash, self._ref
+        index, block_hash, ref, events = self._index, self._hash, self._ref, self.events
         for b, h in zip(blocks, hashes):
             assert ref[b] > 0 and block_hash[b] is None
             if h not in index:
                 index[h] = b
                 block_hash[b] = h
+                if events is not None:
+                    events.append((STORED, h))
 
     # -- invariants ----------------------------------------------------------------------------
     def check_integrity(self) -> None:

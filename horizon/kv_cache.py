@@ -60,6 +60,11 @@ class KVCacheManager:
             self._hashes[req.request_id] = hs
         return hs
 
+    def seed_hashes(self, req: Request, hashes: list[int]) -> None:
+        """Give ``req`` its prompt's chained block hashes, computed elsewhere (a router's view
+        of this pool, same block size), so that they are not computed again."""
+        self._hashes.setdefault(req.request_id, hashes)
+
     def prefix_hit(self, req: Request) -> list[int]:
         """Cached blocks ``req`` could adopt now (no side effects); never covers its last token."""
         if not self.enable_prefix_caching or req.prompt_token_ids is None:

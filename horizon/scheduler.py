@@ -81,6 +81,10 @@ class Scheduler:
         self._rejected: list[tuple[Request, str]] = []
         self._last_plan_step = -1
         self._now = 0.0
+        # prompt (and recompute) tokens still to compute: waiting requests' and running
+        # prefills' remaining tokens (what a router reads as a replica's queued prefill)
+        self.queued_prefill_tokens = 0
+        self.tokens_emitted = 0  # output tokens emitted by every step so far
 
     # -- arrivals --------------------------------------------------------------------------------
     def add(self, req: Request) -> None:
@@ -107,6 +111,7 @@ class Scheduler:
 
     def _enqueue(self, req: Request, now: float) -> None:
         req.status = RequestStatus.WAITING
+        self.queued_prefill_tokens += req.num_tokens_to_compute
         heapq.heappush(self._waiting, (self.policy.waiting_key(req, now), self._seq, req))
         self._seq += 1
 
@@ -266,6 +271,7 @@ class Scheduler:
             if need:
                 kv.allocate(r, need)
             r.set_computed(cached)
+            self.queued_prefill_tokens -= cached
             r.status = RequestStatus.RUNNING
             r.admit_seq = self._admit_seq
             self._admit_seq += 1
@@ -294,6 +300,8 @@ class Scheduler:
         rid = r.request_id
         if self._event and rid in self._decoding:
             self.recorder.close_run(r, self.clock.step - 1)
+        if rid in self._prefilling:
+            self.queued_prefill_tokens -= r.num_tokens_to_compute
         self._remove_running(r)
         r.reset_for_recompute(0)
         self._enqueue(r, self._now)
@@ -327,6 +335,8 @@ class Scheduler:
                 del self._prefilling[r.request_id]
                 entered.append(r)
             self.kv.register_computed(r)
+        self.queued_prefill_tokens -= plan.num_prefill_tokens
+        self.tokens_emitted += len(plan.decodes) + len(entered)
         if not self._event:
             for r in plan.decodes:
                 r.advance(1)
@@ -393,6 +403,12 @@ class Scheduler:
         assert set(self._decoding) <= set(self.running)
         for _, _, r in self._waiting:
             assert r.status is RequestStatus.WAITING and not self.kv.blocks_of(r)
+        queued = sum(r.num_tokens_to_compute for _, _, r in self._waiting) + sum(
+            r.num_tokens_to_compute for r in self._prefilling.values()
+        )
+        assert queued == self.queued_prefill_tokens, (
+            f"queued prefill tokens {self.queued_prefill_tokens} != {queued}"
+        )
         if self._event:
             assert self._ctx_base + len(self._decoding) * self.clock.step == sum(
                 r.num_computed_tokens for r in self._decoding.values()

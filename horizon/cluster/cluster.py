@@ -1,0 +1,104 @@
+"""A cluster: N replicas behind one router. Every arrival is routed exactly once.
+
+``route(request, now)`` asks the router for a replica over the replicas' views (live, or
+``view_delay`` seconds stale), tells that replica it accepted the request and returns its index;
+the caller (a backend's driver) hands the request to that replica's arrivals. The cluster keeps
+the assignment of every request and the routing's own wall time.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+
+from horizon.cluster.replica import Replica
+from horizon.cluster.router import Router
+from horizon.cluster.stale_view import StaleView
+from horizon.cluster.view import LiveView, PromptHashes, ReplicaView
+from horizon.request import Request
+
+
+class Cluster:
+    """Replicas, a router and the views it reads.
+
+    Args:
+        replicas: ``Replica`` objects with indices 0..N-1 in order (each its own Scheduler).
+        router: decides; see ``horizon.cluster.router``.
+        view_delay: seconds by which views lag the replicas (0: live).
+        now: the run's clock (``now()``), which stale views read.
+        live: read the replicas' schedulers directly (needs ``view_delay == 0``); None: live
+            iff ``view_delay == 0``. False with delay 0: views read the replicas' latest
+            reports (a driver whose replicas run elsewhere, as the engine's).
+    """
+
+    def __init__(
+        self,
+        replicas: Sequence[Replica],
+        router: Router,
+        view_delay: float = 0.0,
+        now: Callable[[], float] | None = None,
+        live: bool | None = None,
+    ) -> None:
+        if not replicas:
+            raise ValueError("Cluster.replicas must hold at least one replica")
+        if any(r.index != i for i, r in enumerate(replicas)):
+            raise ValueError("Cluster.replicas must be indexed 0..N-1 in order")
+        if not (isinstance(view_delay, (int, float)) and view_delay >= 0):
+            raise ValueError(f"Cluster.view_delay must be a number >= 0, got {view_delay!r}")
+        self.replicas = tuple(replicas)
+        self.router = router
+        self.view_delay = float(view_delay)
+        self.hashes = PromptHashes()
+        clock = now or (lambda: 0.0)
+        self.views: tuple[ReplicaView, ...]
+        live = view_delay == 0 if live is None else live
+        if live and view_delay > 0:
+            raise ValueError("Cluster: live views cannot also be delayed (view_delay > 0)")
+        if not live:
+            for r in replicas:
+                if r.history is None:
+                    r.keep_history()
+            self.views = tuple(StaleView(r, self.hashes, view_delay, clock) for r in replicas)
+        else:
+            self.views = tuple(LiveView(r, self.hashes) for r in replicas)
+        self.assignment: dict[int, int] = {}  # request id -> replica index
+        self.route_wall_s = 0.0
+
+    def route(self, request: Request, now: float) -> int:
+        """The replica ``request`` goes to (recorded; the replica is told).
+
+        Raises:
+            ValueError: the request was routed before, or the router returned no valid index.
+        """
+        rid = request.request_id
+        if rid in self.assignment:
+            raise ValueError(f"request {rid} was already routed")
+        t0 = time.perf_counter()
+        i = self.router.route(request, self.views, now)
+        self.route_wall_s += time.perf_counter() - t0
+        if not isinstance(i, int) or not 0 <= i < len(self.replicas):
+            raise ValueError(
+                f"router {self.router.name!r} returned {i!r} for request {rid}; "
+                f"expected an int in 0..{len(self.replicas) - 1}"
+            )
+        replica = self.replicas[i]
+        replica.accept(request, now)
+        known = self.hashes.known(request, replica.block_size)
+        if known is not None:  # computed for a view: the replica need not hash again
+            replica.seed_hashes(request, known)
+        self.assignment[rid] = i
+        return i
+
+    @property
+    def num_routed(self) -> int:
+        return len(self.assignment)
+
+    def check_integrity(self) -> None:
+        """Every replica's invariants, the router's, and the routing counts agree."""
+        for r in self.replicas:
+            r.check_integrity()
+        self.router.check_integrity()
+        counts = [0] * len(self.replicas)
+        for i in self.assignment.values():
+            counts[i] += 1
+        assert counts == [r.routed for r in self.replicas], "routed counts differ from assignment"

@@ -1,0 +1,235 @@
+"""The SimPy twin of a cluster: one environment, N replica engine processes and the router.
+
+Each replica runs the single-replica serving loop (``horizon.serving_loop.serve``) on its own
+Scheduler, policy, block pool and cost model, with its backend wrapped in an ``ObservedBackend``
+that tells its ``Replica`` (and the session release) of every step. An arrival process routes
+each request at its arrival time through the ``Cluster`` and drops it in the chosen replica's
+inbox, waking that replica if it sleeps. Routing costs O(replicas) view reads per request (plus
+O(prompt blocks) per replica for a router that reads prefix hits); nothing scans the pools.
+
+Closed-loop sessions (``horizon.cluster.SessionRelease``): a turn's successor is scheduled when
+the turn's finishing step ends, at that time plus the think time.
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import simpy
+
+from horizon.cluster import Cluster, ClusterRecords, ObservedBackend, Replica, SessionRelease
+from horizon.cluster.router import Router
+from horizon.model_shape import ModelShape
+from horizon.plan import StepPlan, StepResult
+from horizon.policies.base import Policy
+from horizon.request import Request
+from horizon.scheduler import Scheduler
+from horizon.scheduler_config import SchedulerConfig
+from horizon.serving_loop import serve
+from simulator.backend import SimBackend
+from simulator.cost_model import CostModel
+from simulator.simulation import SimClock
+
+
+@dataclass(frozen=True, eq=False)
+class ReplicaSetup:
+    """One replica's parts: its scheduler config, its own policy object (never shared), its
+    cost model, and optionally its model shape, a predictor (for views) and a label."""
+
+    config: SchedulerConfig
+    policy: Policy
+    cost_model: CostModel
+    shape: ModelShape | None = None
+    predictor: object = None
+    name: str | None = None
+
+
+class ClusterSimulation:
+    """One simulated cluster run; ``run()`` returns ``ClusterRecords``; single-use.
+
+    Args:
+        requests: open-loop requests (fresh), routed at their arrival times.
+        replicas: one ``ReplicaSetup`` per replica (heterogeneous allowed).
+        router: the routing policy.
+        sessions: closed-loop sessions (``horizon.workload.sessions``), besides ``requests``.
+        view_delay: seconds by which the router's views lag (0: live).
+        max_time, check_every, arrivals_at_step_boundaries, pipelined: as
+            ``simulator.Simulation``'s, for every replica.
+    """
+
+    def __init__(
+        self,
+        requests: Sequence[Request],
+        replicas: Sequence[ReplicaSetup],
+        router: Router,
+        sessions: Sequence = (),
+        view_delay: float = 0.0,
+        max_time: float | None = None,
+        check_every: int = 0,
+        arrivals_at_step_boundaries: bool = False,
+        pipelined: bool = False,
+    ) -> None:
+        if max_time is not None and not (math.isfinite(max_time) and max_time > 0):
+            raise ValueError(f"max_time must be a finite number > 0, got {max_time!r}")
+        if len({id(s.policy) for s in replicas}) != len(replicas):
+            raise ValueError("ReplicaSetup.policy: every replica needs its own policy object")
+        self.env = env = simpy.Environment()
+        self.clock = SimClock(env)
+        self.end = math.inf if max_time is None else max_time
+        self.check_every = check_every
+        self.release = SessionRelease(sessions)
+        self.open_loop = sorted(requests, key=lambda r: (r.arrival_time, r.request_id))
+        self.all_ids = [r.request_id for r in self.open_loop] + [
+            r.request_id for s in sessions for r in s.requests
+        ]
+        reps = [
+            Replica(i, Scheduler(s.config, s.policy), s.shape, s.predictor, s.name, self.clock.now)
+            for i, s in enumerate(replicas)
+        ]
+        self.cluster = Cluster(reps, router, view_delay, self.clock.now)
+        self.inboxes = [Inbox(env, arrivals_at_step_boundaries) for _ in reps]
+        self.backends = [
+            ObservedBackend(
+                SimBackend(s.cost_model, s.config.step_mode == "event", self.clock, pipelined),
+                self.clock,
+                self._observer(r),
+            )
+            for s, r in zip(replicas, reps)
+        ]
+        self._open_loop_done = False
+
+    # -- the run -----------------------------------------------------------------------------------
+    def run(self) -> ClusterRecords:
+        env = self.env
+        env.process(self._arrivals())
+        procs = [
+            env.process(self._replica(r, b, box))
+            for r, b, box in zip(self.cluster.replicas, self.backends, self.inboxes)
+        ]
+        was_enabled = gc.isenabled()
+        gc.disable()
+        try:
+            env.run(until=simpy.AllOf(env, procs))
+        finally:
+            if was_enabled:
+                gc.enable()
+        return self._records()
+
+    def _replica(self, replica: Replica, backend: ObservedBackend, inbox: Inbox):  # noqa: ANN202
+        yield from serve(replica.scheduler, backend, inbox, self.clock, self.end, self.check_every)
+
+    def _arrivals(self):  # noqa: ANN202 - a SimPy process
+        env = self.env
+        for r in self.open_loop:
+            if r.arrival_time > self.end:
+                break
+            dt = r.arrival_time - env.now
+            if dt > 0:
+                yield env.timeout(dt)
+            self._route(r)
+        for r in self.release.first_turns():
+            self._later(r)
+        self._open_loop_done = True
+        self._maybe_done()
+
+    def _later(self, r: Request) -> None:
+        if r.arrival_time > self.end:
+            self.release.dropped(r)
+            return
+        self.env.process(self._arrive_at(r))
+
+    def _arrive_at(self, r: Request):  # noqa: ANN202 - a SimPy process
+        dt = r.arrival_time - self.env.now
+        if dt > 0:
+            yield self.env.timeout(dt)
+        self._route(r)
+
+    def _route(self, r: Request) -> None:
+        i = self.cluster.route(r, self.env.now)
+        self.inboxes[i].push(r, self.cluster.replicas[i].scheduler)
+
+    def _observer(self, replica: Replica):  # noqa: ANN202
+        release = self.release
+
+        def on_step(plan: StepPlan, result: StepResult, end: float) -> None:
+            replica.observe_step(plan, result, end)
+            if release.open:
+                for r in result.finished:
+                    nxt = release.finished(r, end)
+                    if nxt is not None:
+                        self._later(nxt)
+                for r, _ in plan.rejected:
+                    release.dropped(r)
+                self._maybe_done()
+
+        return on_step
+
+    def _maybe_done(self) -> None:
+        if self._open_loop_done and self.release.done:
+            for box in self.inboxes:
+                box.close()
+
+    def _records(self) -> ClusterRecords:
+        now = self.env.now
+        parts = []
+        for rep, box in zip(self.cluster.replicas, self.inboxes):
+            box.admit(rep.scheduler, now)  # routed, never reached the loop (cut by max_time)
+            rep.scheduler.finish_run()
+            rep.scheduler.check_integrity()
+            parts.append(rep.scheduler.recorder.build())
+        size = max(self.all_ids, default=-1) + 1
+        assignment = np.full(size, -1, dtype=np.int64)
+        for rid, i in self.cluster.assignment.items():
+            assignment[rid] = i
+        names = tuple(r.name for r in self.cluster.replicas)
+        return ClusterRecords(tuple(parts), assignment, self.cluster.route_wall_s, names)
+
+
+class Inbox:
+    """A replica's arrivals: requests the router sent it, handed to its scheduler at once, or
+    (``hold``) at the loop's next step boundary; exhausted once the cluster's sources close."""
+
+    def __init__(self, env: simpy.Environment, hold: bool) -> None:
+        self.env = env
+        self.hold = hold
+        self.held: list[Request] = []
+        self.closed = False
+        self._wake: simpy.Event | None = None
+
+    def push(self, r: Request, sched: Scheduler) -> None:
+        if self.hold:
+            self.held.append(r)
+        else:
+            sched.add(r)
+        self._notify()
+
+    def close(self) -> None:
+        self.closed = True
+        self._notify()
+
+    def _notify(self) -> None:
+        if self._wake is not None and not self._wake.triggered:
+            self._wake.succeed()
+
+    def admit(self, sched: Scheduler, now: float) -> None:
+        if self.held:
+            for r in self.held:
+                sched.add(r)
+            self.held.clear()
+
+    def due(self, now: float) -> bool:
+        return bool(self.held)
+
+    @property
+    def exhausted(self) -> bool:
+        return self.closed and not self.held
+
+    def wait(self, now: float, end: float) -> simpy.Event:
+        self._wake = self.env.event()
+        if self.closed:
+            self._wake.succeed()
+        return self._wake
