@@ -160,6 +160,17 @@ class Recorder:
             raise ValueError(f"step {step}: end {end} before its start {row[0]}")
         self._steps[step] = (row[0], end, *row[2:])
 
+    def recent_step_time(self, k: int = 8) -> float:
+        """Mean own duration of the last ``k`` recorded steps (each from the later of its start
+        and the previous step's end, to its end; 0 before any step). O(k)."""
+        rows = self._steps[-(k + 1) :]
+        if not rows:
+            return 0.0
+        if len(rows) == 1:
+            return max(0.0, rows[0][1] - rows[0][0])
+        own = [b[1] - max(b[0], a[1]) for a, b in zip(rows, rows[1:])]
+        return max(0.0, sum(own) / len(own))
+
     # -- output --------------------------------------------------------------------------------
     def build(self) -> RunRecords:
         recs = sorted(self._recs.values(), key=lambda r: r.req.request_id)

@@ -26,7 +26,7 @@ a plan (``drains_before``: the engine, for a plan that preempts or is empty).
 from __future__ import annotations
 
 import math
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -102,12 +102,16 @@ def serve(
     end: float = math.inf,
     check_every: int = 0,
     check_on_idle: bool = False,
+    check: Callable[[], None] | None = None,
 ) -> Waits:
     """Serve ``arrivals`` until all are done, nothing can ever run, or ``end`` (the first step
-    boundary at or after it). ``check_every``: ``sched.check_integrity()`` every that many
-    steps; ``check_on_idle``: the scheduler's and the backend's whenever the loop goes idle.
+    boundary at or after it). ``check_every``: ``check()`` (default
+    ``sched.check_integrity``) every that many steps, after the step's update;
+    ``check_on_idle``: the scheduler's and the backend's whenever the loop goes idle.
     Returns the number of requests left waiting that nothing could ever run (stalled)."""
     loop = _Loop(sched, backend, arrivals, clock, check_every, check_on_idle)
+    if check is not None:
+        loop.check = check
     return (yield from loop.run(end))
 
 
@@ -115,6 +119,7 @@ class _Loop:
     def __init__(self, sched, backend, arrivals, clock, check_every, check_on_idle) -> None:  # noqa: ANN001
         self.sched, self.backend, self.arrivals, self.clock = sched, backend, arrivals, clock
         self.check_every, self.check_on_idle = check_every, check_on_idle
+        self.check = sched.check_integrity
 
     # ``t`` is read from the clock once after each step (and each wait) and planned with, as a
     # real engine reads its clock: the next plan is made at the time the last step's update saw.
@@ -167,7 +172,7 @@ class _Loop:
                     flight = None
                 t = now()
             if check_every and plan.step % check_every == 0:
-                sched.check_integrity()
+                self.check()
             if plan.is_empty and not sched.running:  # nothing is admitted until an arrival
                 stalled, slept = yield from self._until_admissible(t, end)
                 if stalled is not None:

@@ -92,15 +92,16 @@ class ClusterSimulation:
         ]
         self.cluster = Cluster(reps, router, view_delay, self.clock.now)
         self.inboxes = [Inbox(env, arrivals_at_step_boundaries) for _ in reps]
-        self.backends = [
-            ObservedBackend(
-                SimBackend(s.cost_model, s.config.step_mode == "event", self.clock, pipelined),
-                self.clock,
-                self._observer(r),
-            )
-            for s, r in zip(replicas, reps)
-        ]
+        self.backends = [self._backend(s, r, pipelined) for s, r in zip(replicas, reps)]
         self._open_loop_done = False
+
+    def _backend(self, setup: ReplicaSetup, replica: Replica, pipelined: bool):  # noqa: ANN202
+        """The replica's SimBackend, observed when a step's end matters to someone (the
+        replica's predictor or history, or sessions waiting for a turn to finish)."""
+        sim = SimBackend(setup.cost_model, setup.config.step_mode == "event", self.clock, pipelined)
+        if not (replica.needs_steps or self.release.open):
+            return sim
+        return ObservedBackend(sim, self.clock, self._observer(replica))
 
     # -- the run -----------------------------------------------------------------------------------
     def run(self) -> ClusterRecords:
@@ -119,8 +120,18 @@ class ClusterSimulation:
                 gc.enable()
         return self._records()
 
-    def _replica(self, replica: Replica, backend: ObservedBackend, inbox: Inbox):  # noqa: ANN202
-        yield from serve(replica.scheduler, backend, inbox, self.clock, self.end, self.check_every)
+    def _replica(self, replica: Replica, backend, inbox: Inbox):  # noqa: ANN202
+        sched, every = replica.scheduler, self.check_every
+        yield from serve(
+            sched, backend, inbox, self.clock, self.end, every, check=self._check(replica)
+        )
+
+    def _check(self, replica: Replica):  # noqa: ANN202
+        def check() -> None:  # after a step's update: the replica, the router, the routing
+            replica.check_integrity()
+            self.cluster.router.check_integrity()
+
+        return check
 
     def _arrivals(self):  # noqa: ANN202 - a SimPy process
         env = self.env
@@ -156,7 +167,8 @@ class ClusterSimulation:
         release = self.release
 
         def on_step(plan: StepPlan, result: StepResult, end: float) -> None:
-            replica.observe_step(plan, result, end)
+            if replica.needs_steps:
+                replica.observe_step(plan, result, end)
             if release.open:
                 for r in result.finished:
                     nxt = release.finished(r, end)

@@ -1,11 +1,11 @@
 """One replica of a cluster: its Scheduler (policy, block pool), and what the cluster knows of it.
 
-The replica is told of every step when the step's end is known (``observe_step``, called by
-``horizon.cluster.observed_backend.ObservedBackend`` on either backend) and of every request
-routed to it (``accept``). From those it keeps, in O(1) per event: a moving average of its step
-durations, and, with a predictor attached, the output tokens its requests are predicted still to
-emit. With ``history`` on it also keeps timestamped snapshots and the pool's KV events, which a
-``StaleView`` reads late.
+The replica is told of every request routed to it (``accept``) and, when it has a predictor or
+keeps history, of every step once the step's end is known (``observe_step``, called by
+``horizon.cluster.observed_backend.ObservedBackend`` on either backend). With a predictor it
+keeps, in O(1) per event, the output tokens its requests are predicted still to emit; with
+``history`` on, timestamped snapshots and the pool's KV events, which a ``StaleView`` reads
+late. Its recent step time is read from its scheduler's records (O(8) per read).
 """
 
 from __future__ import annotations
@@ -47,7 +47,6 @@ class Replica:
             mean of each routed request's output feeds ``predicted_pending_tokens``.
         name: its label (default ``replica<index>``).
         clock: ``now()`` of the run (a live view's ``time``).
-        step_time_alpha: weight of the newest step in the step-time moving average.
     """
 
     def __init__(
@@ -58,20 +57,14 @@ class Replica:
         predictor: object = None,
         name: str | None = None,
         clock: Callable[[], float] | None = None,
-        step_time_alpha: float = 0.2,
     ) -> None:
-        if not 0 < step_time_alpha <= 1:
-            raise ValueError(f"Replica.step_time_alpha must be in (0, 1], got {step_time_alpha!r}")
         self.index = index
         self.scheduler = scheduler
         self.shape = shape
         self.predictor = predictor
         self.name = name or f"replica{index}"
         self.now = clock or (lambda: 0.0)
-        self.alpha = step_time_alpha
         self.routed = 0
-        self.step_time = 0.0
-        self._last_end = -math.inf
         self._pred: dict[int, tuple[float, int]] = {}  # unfinished rid -> (mean output, prompt)
         self._pred_sum = 0.0  # predicted outputs of unfinished requests
         self._prompt_sum = 0  # prompts of unfinished predicted requests
@@ -90,7 +83,7 @@ class Replica:
         """``request`` was routed here at ``now`` (the caller hands it to the scheduler)."""
         self.routed += 1
         if self.predictor is not None:
-            mean = float(self.predictor.predict(request).mean())
+            mean = float(self.predictor.predict(request).mean)
             self._pred[request.request_id] = (mean, request.num_prompt_tokens)
             self._pred_sum += mean
             self._prompt_sum += request.num_prompt_tokens
@@ -100,12 +93,8 @@ class Replica:
         self.scheduler.kv.seed_hashes(request, hashes)
 
     def observe_step(self, plan: StepPlan, result: StepResult, end: float) -> None:
-        """A step whose end is ``end``: its duration, its finished and rejected requests."""
-        own = end - max(plan.time, self._last_end)
-        if not plan.is_empty and own >= 0:
-            a = self.alpha
-            self.step_time = own if self.step_time == 0.0 else a * own + (1 - a) * self.step_time
-            self._last_end = end
+        """A step whose end is ``end``: its finished and rejected requests leave the predicted
+        sums; with history on, a snapshot at ``end`` and the step's KV events."""
         if self._pred:
             for r in result.finished:
                 self._leave(r)
@@ -147,6 +136,16 @@ class Replica:
         return self.scheduler.config.enable_prefix_caching
 
     # -- derived state ---------------------------------------------------------------------------
+    @property
+    def step_time(self) -> float:
+        """Mean duration of its last 8 steps (s; 0 before any)."""
+        return self.scheduler.recorder.recent_step_time()
+
+    @property
+    def needs_steps(self) -> bool:
+        """Whether ``observe_step`` has anything to do (a predictor, or history)."""
+        return self.predictor is not None or self.history is not None
+
     @property
     def predicted_pending_tokens(self) -> float:
         if self.predictor is None:

@@ -25,7 +25,7 @@ class HorizonRouter(Router):
     """Args:
     ttft_slo: the TTFT deadline (s) for requests without an SLO of their own (a run fills it
         from its SLO preset).
-    predictor: predicts the routed request's output length (``predict(r).mean()``); None: the
+    predictor: predicts the routed request's output length (``predict(r).mean``); None: the
         replica views' figures only, the request's output counted as ``default_output``.
     headroom: share of each pool kept free of predicted demand.
     slack: multiple of the deadline an estimate may reach and still count as feasible.
@@ -54,7 +54,7 @@ class HorizonRouter(Router):
     def _output(self, request) -> float:  # noqa: ANN001
         if self.predictor is None:
             return float(min(self.default_output, request.max_output_tokens))
-        return float(self.predictor.predict(request).mean())
+        return float(self.predictor.predict(request).mean)
 
     def estimates(self, request, replicas) -> list[tuple[float, float]]:  # noqa: ANN001
         """(estimated TTFT s, predicted KV share) per replica."""
