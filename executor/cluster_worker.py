@@ -1,0 +1,314 @@
+"""One replica of an engine cluster: a worker process with its own CUDA context and Engine.
+
+The driver (``executor.cluster_engine``) starts ``worker_main`` in a spawned process. The worker
+builds its Engine once (a model preset's shape with seeded random weights, bf16 on CUDA and fp32
+on the CPU, a KV tensor of ``EngineConfig.num_blocks``, graphs captured), then serves *runs* on
+command. Messages, in its inbox (the driver's) and its outbox (shared by every worker)::
+
+    inbox                                     outbox
+    ("ping",)                                 ("pong", index, perf_counter())
+    ("run", RunCommand)  -> fresh Scheduler   ("armed", index)
+    ("start", start)     -> serving begins    ("step", index, snapshot, kv_events, finished_ids,
+    ("request", wire)    -> an arrival                  rejected_ids, end)      once per step
+    ("end",)             -> no more arrivals  ("done", index, RunRecords, info)  once idle
+    ("stop",)            -> the process ends  ("ready", index, info) / ("error", index, text)
+
+Time base: ``start`` is a ``time.perf_counter()`` reading of the driver. On Linux perf_counter
+is ``CLOCK_MONOTONIC``, one clock for every process of the machine, so ``WallClock(start)``
+here and in the driver read the same seconds (the driver checks it with pings at start-up).
+A request's ``arrival_time`` is the driver's (the trace's): a request reaches the worker a
+little after it, and that lag counts in its latency, as a router's would.
+
+Each step is reported through a ``horizon.cluster.Replica`` kept around the run's scheduler
+(its ``snapshot(end)``; the block pool's KV events since the previous report), sent with
+``put_nowait``: the serving loop never waits on the driver.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import math
+import queue
+import time
+import traceback
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from executor.engine import Engine, EngineConfig
+from executor.engine_backend import EngineBackend
+from executor.model import CausalLM, ModelConfig
+from horizon.cluster import ObservedBackend, Replica
+from horizon.plan import StepPlan, StepResult
+from horizon.policies.base import Policy
+from horizon.policies.registry import make_policy
+from horizon.request import SLO, Request
+from horizon.scheduler import Scheduler
+from horizon.serving_loop import serve
+from horizon.wall_clock import WallClock, run_wall_clock
+
+Wire = tuple  # a request as plain values (``request_to_wire``)
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """One replica's process: what it builds once.
+
+    Attributes:
+        model: a preset name (``executor.model.config.preset_names``) or a ``ModelConfig``.
+        engine: the Engine's config; give ``num_blocks`` when replicas share a GPU.
+        device: "cpu", "cuda" or "cuda:<n>"; replicas on one GPU share it.
+        name: the replica's label (default ``replica<index>``).
+        weights_seed, weight_std: the seeded random weights (``executor.bench``'s).
+        threads: torch's CPU threads in the process.
+        warmup: capture the CUDA graphs before the first run.
+    """
+
+    model: str | ModelConfig = "qwen2.5-0.5b"
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    device: str = "cuda"
+    name: str | None = None
+    weights_seed: int = 0
+    weight_std: float = 0.02
+    threads: int = 1
+    warmup: bool = True
+
+    def __post_init__(self) -> None:
+        d = self.device
+        if not (d in ("cpu", "cuda") or (d.startswith("cuda:") and d[5:].isdigit())):
+            raise ValueError(f"WorkerSpec.device must be 'cpu', 'cuda' or 'cuda:<n>', got {d!r}")
+        if not isinstance(self.threads, int) or self.threads < 1:
+            raise ValueError(f"WorkerSpec.threads must be an int >= 1, got {self.threads!r}")
+        if not isinstance(self.engine, EngineConfig):
+            raise ValueError(f"WorkerSpec.engine must be an EngineConfig, got {self.engine!r}")
+
+
+@dataclass(frozen=True)
+class PolicySpec:
+    """A policy by registry name or ``package.module:Class``, with its constructor options."""
+
+    name: str = "fcfs"
+    options: dict = field(default_factory=dict)
+
+    def build(self) -> Policy:
+        return make_policy(self.name, **self.options)
+
+
+@dataclass(frozen=True)
+class RunCommand:
+    """One run on one replica. ``policy``: a name, a ``PolicySpec`` or a fresh Policy object
+    (the worker's own unpickled copy); ``predictor``: for the replica's predicted load figures
+    (None: NaN); ``max_time``: stop at the first step boundary at or after it."""
+
+    policy: str | PolicySpec | Policy = "fcfs"
+    predictor: object = None
+    max_time: float | None = None
+    check_every: int = 0
+    poll_s: float = 0.05
+
+
+def request_to_wire(r: Request) -> Wire:
+    """A fresh copy's fields as plain values (what crosses to a worker)."""
+    slo = (r.slo.ttft, r.slo.itl) if r.slo is not None else None
+    return (r.request_id, r.arrival_time, r.num_prompt_tokens, r.max_output_tokens,
+            r.true_output_tokens, r.prompt_token_ids, r.conversation_id, r.turn_index, slo,
+            r.output_token_ids)  # fmt: skip
+
+
+def request_from_wire(w: Wire) -> Request:
+    """A fresh Request from ``request_to_wire``'s values."""
+    rid, arrival, prompt, max_out, true_out, ids, conv, turn, slo, out_ids = w
+    return Request(rid, arrival, prompt, max_out, true_out,
+                   slo=SLO(*slo) if slo is not None else None, prompt_token_ids=ids,
+                   conversation_id=conv, turn_index=turn, output_token_ids=out_ids)  # fmt: skip
+
+
+class StopWorker(Exception):
+    """The driver said stop (in the middle of a run: the run is abandoned)."""
+
+
+def worker_main(index: int, spec: WorkerSpec, inbox: Any, outbox: Any) -> None:
+    """The process's body: build the engine, report ready, then obey commands until "stop".
+    Any failure is reported as ``("error", index, traceback)`` and ends the process."""
+    try:
+        engine, info = build_engine(spec)
+        outbox.put(("ready", index, info))
+        while True:
+            msg = inbox.get()
+            if msg[0] == "ping":
+                outbox.put(("pong", index, time.perf_counter()))
+            elif msg[0] == "run":
+                serve_run(engine, index, spec, msg[1], inbox, outbox)
+            elif msg[0] == "stop":
+                return
+            else:
+                raise ValueError(f"worker {index}: unexpected command {msg[0]!r}")
+    except StopWorker:
+        return
+    except BaseException:  # noqa: BLE001 - the driver must hear of any failure
+        outbox.put(("error", index, traceback.format_exc()))
+
+
+def build_engine(spec: WorkerSpec) -> tuple[Engine, dict]:
+    """The replica's Engine (random weights, warmed up) and what the driver needs of it."""
+    import torch
+
+    from executor.bench import device_random_weights
+
+    t0 = time.perf_counter()
+    torch.set_num_threads(spec.threads)
+    cuda = spec.device.startswith("cuda")
+    if ":" in spec.device:  # "cuda" alone: the process's current device
+        torch.cuda.set_device(torch.device(spec.device))
+    cfg = ModelConfig.for_preset(spec.model) if isinstance(spec.model, str) else spec.model
+    model = CausalLM(cfg, device=spec.device, dtype=torch.bfloat16 if cuda else torch.float32)
+    device_random_weights(model, spec.weights_seed, spec.weight_std)
+    engine = Engine(model, spec.engine)
+    if spec.warmup:
+        engine.warmup()
+    info = {
+        "num_blocks": engine.num_blocks,
+        "block_size": spec.engine.block_size,
+        "token_budget": spec.engine.max_num_batched_tokens,
+        "prefix_caching": spec.engine.enable_prefix_caching,
+        "shape": cfg.shape,
+        "device": spec.device,
+        "gpu": torch.cuda.get_device_name(engine.device) if cuda else "cpu",
+        "torch": torch.__version__,
+        "build_s": time.perf_counter() - t0,
+    }
+    return engine, info
+
+
+def serve_run(
+    engine: Engine, index: int, spec: WorkerSpec, cmd: RunCommand, inbox: Any, outbox: Any
+) -> None:
+    """One run: arm (fresh scheduler), wait for "start", serve the inbox's arrivals on the
+    shared clock until "end" and idle (or ``max_time``), then send the run's records."""
+    policy = cmd.policy
+    if isinstance(policy, str):
+        policy = make_policy(policy)
+    elif isinstance(policy, PolicySpec):
+        policy = policy.build()
+    engine.runner.reset()
+    sched = Scheduler(engine.config.scheduler_config(engine.num_blocks), policy)
+    shape = engine.model.config.shape
+    replica = Replica(index, sched, shape, cmd.predictor, spec.name)
+    sched.pool.events = []
+    outbox.put(("armed", index))
+    msg = inbox.get()
+    if msg[0] == "stop":
+        raise StopWorker
+    if msg[0] != "start":
+        raise ValueError(f"worker {index}: expected 'start' after 'run', got {msg[0]!r}")
+    clock = WallClock(start=msg[1])
+    replica.now = clock.now
+    arrivals = InboxArrivals(inbox, replica, cmd.poll_s)
+    cfg = engine.config
+    eos = frozenset(engine.model.config.eos_token_ids)
+    inner = EngineBackend(engine.runner, sched, clock, cfg.pipelined, eos, cfg.stop)
+    backend = ObservedBackend(inner, clock, step_reporter(index, replica, outbox.put_nowait))
+    end = math.inf if cmd.max_time is None else cmd.max_time
+    gc_was_enabled = gc.isenabled()
+    gc.disable()  # a collection pause would land in some step's measured time
+    try:
+        loop = serve(sched, backend, arrivals, clock, end, cmd.check_every, check_on_idle=True)
+        stalled = run_wall_clock(loop, clock)
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+    arrivals.until_end(sched, clock.now())  # routed after a max_time cut: recorded unfinished
+    sched.finish_run()
+    replica.check_integrity()
+    engine.runner.check_integrity()
+    records = sched.recorder.build()
+    info = {"steps": len(records.step_end), "stalled": stalled, "end": clock.now()}
+    outbox.put(("done", index, records, info))
+
+
+def step_reporter(
+    index: int, replica: Replica, send: Callable[[tuple], None]
+) -> Callable[[StepPlan, StepResult, float], None]:
+    """The ``ObservedBackend`` observer: the replica's bookkeeping, then one report a step."""
+    pool = replica.scheduler.pool
+
+    def on_step(plan: StepPlan, result: StepResult, end: float) -> None:
+        replica.observe_step(plan, result, end)
+        events = pool.events
+        if events:
+            pool.events = []
+        finished = [r.request_id for r in result.finished]
+        rejected = [r.request_id for r, _ in plan.rejected]
+        send(("step", index, tuple(replica.snapshot(end)), events, finished, rejected, end))
+
+    return on_step
+
+
+class InboxArrivals:
+    """The serving loop's ``Arrivals`` over the worker's inbox (``horizon.serving_loop``).
+
+    ``admit`` drains the inbox without blocking and adds every request (each was routed at or
+    after its arrival on the shared clock, so it is due); ``wait`` blocks on the inbox for at
+    most ``poll_s`` (or until ``end``) and returns a deadline already past, so the loop wakes
+    as soon as a message arrives. Exhausted once "end" was read and nothing waits.
+    """
+
+    def __init__(self, inbox: Any, replica: Replica, poll_s: float = 0.05) -> None:
+        if not poll_s > 0:
+            raise ValueError(f"RunCommand.poll_s must be > 0, got {poll_s!r}")
+        self._inbox = inbox
+        self._replica = replica
+        self._poll = poll_s
+        self._pending: deque[Request] = deque()
+        self._ended = False
+
+    def _take(self, msg: tuple) -> None:
+        kind = msg[0]
+        if kind == "request":
+            self._pending.append(request_from_wire(msg[1]))
+        elif kind == "end":
+            self._ended = True
+        elif kind == "stop":
+            raise StopWorker
+        else:
+            raise ValueError(f"worker: unexpected message {kind!r} during a run")
+
+    def _drain(self) -> None:
+        inbox = self._inbox
+        while True:
+            try:
+                msg = inbox.get_nowait()
+            except queue.Empty:
+                return
+            self._take(msg)
+
+    def admit(self, sched: Scheduler, now: float) -> None:
+        self._drain()
+        pending, accept = self._pending, self._replica.accept
+        while pending:
+            r = pending.popleft()
+            accept(r, now)
+            sched.add(r)
+
+    def due(self, now: float) -> bool:
+        self._drain()
+        return bool(self._pending)
+
+    @property
+    def exhausted(self) -> bool:
+        return self._ended and not self._pending
+
+    def wait(self, now: float, end: float) -> float:
+        timeout = min(self._poll, end - now)
+        if timeout > 0:
+            with contextlib.suppress(queue.Empty):
+                self._take(self._inbox.get(timeout=timeout))
+        return now  # past: the loop goes on at once (and admits what came)
+
+    def until_end(self, sched: Scheduler, now: float) -> None:
+        """Block until "end", adding whatever arrives meanwhile (after the loop stopped)."""
+        while not self._ended:
+            self._take(self._inbox.get())
+        self.admit(sched, now)
