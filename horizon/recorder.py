@@ -188,31 +188,24 @@ class Recorder:
         idx = first + np.arange(int(counts_a.sum()), dtype=np.int64)
         token_times = step_end[idx] if len(idx) else np.zeros(0)
         per_req = np.array([sum(c for _, c in r.runs) for r in recs], dtype=np.int64)
-
-        def col(f, dtype) -> np.ndarray:  # noqa: ANN001
-            return np.array([f(r) for r in recs], dtype=dtype)
-
-        def slo(r: _Rec, attr: str) -> float:
-            s = r.req.slo
-            return getattr(s, attr) if s is not None else math.nan
-
+        cols = _request_columns(recs)
         i64 = np.int64
         return RunRecords(
-            request_id=col(lambda r: r.req.request_id, i64),
-            arrival_time=col(lambda r: r.req.arrival_time, np.float64),
-            num_prompt_tokens=col(lambda r: r.req.num_prompt_tokens, i64),
-            true_output_tokens=col(lambda r: r.req.true_output_tokens, i64),
-            max_output_tokens=col(lambda r: r.req.max_output_tokens, i64),
+            request_id=cols[0].astype(i64),
+            arrival_time=cols[1],
+            num_prompt_tokens=cols[2].astype(i64),
+            true_output_tokens=cols[3].astype(i64),
+            max_output_tokens=cols[4].astype(i64),
             num_output_tokens=per_req,
-            status=col(lambda r: r.status, np.int8),
+            status=cols[5].astype(np.int8),
             reject_reason=[r.reason for r in recs],
-            ttft_slo=col(lambda r: slo(r, "ttft"), np.float64),
-            itl_slo=col(lambda r: slo(r, "itl"), np.float64),
-            first_admit_time=col(lambda r: r.admit_time, np.float64),
-            num_preemptions=col(lambda r: r.req.num_preemptions, i64),
-            computed_tokens=col(lambda r: r.computed, i64),
-            recomputed_tokens=col(lambda r: r.recomputed, i64),
-            cached_tokens=col(lambda r: r.cached, i64),
+            ttft_slo=cols[6],
+            itl_slo=cols[7],
+            first_admit_time=cols[8],
+            num_preemptions=cols[9].astype(i64),
+            computed_tokens=cols[10].astype(i64),
+            recomputed_tokens=cols[11].astype(i64),
+            cached_tokens=cols[12].astype(i64),
             token_times=token_times,
             token_offsets=np.concatenate(([0], np.cumsum(per_req))).astype(i64),
             step_start=steps[:, 0].copy(),
@@ -232,3 +225,29 @@ class Recorder:
             num_kv_blocks=self.num_kv_blocks,
             block_size=self.block_size,
         )
+
+
+def _request_columns(recs: list[_Rec]) -> np.ndarray:
+    """The per-request columns of ``build`` as rows of one float64 array (every integer here
+    is far below 2**53, so the casts back are exact), in one pass over the requests."""
+    nan = math.nan
+    rows = [
+        (
+            q.request_id,
+            q.arrival_time,
+            q.num_prompt_tokens,
+            q.true_output_tokens,
+            q.max_output_tokens,
+            r.status,
+            nan if q.slo is None else q.slo.ttft,
+            nan if q.slo is None else q.slo.itl,
+            r.admit_time,
+            q.num_preemptions,
+            r.computed,
+            r.recomputed,
+            r.cached,
+        )
+        for r in recs
+        for q in (r.req,)
+    ]
+    return np.array(rows, dtype=np.float64).reshape(-1, 13).T

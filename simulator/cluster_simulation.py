@@ -195,8 +195,10 @@ class ClusterSimulation:
             parts.append(rep.scheduler.recorder.build())
         size = max(self.all_ids, default=-1) + 1
         assignment = np.full(size, -1, dtype=np.int64)
-        for rid, i in self.cluster.assignment.items():
-            assignment[rid] = i
+        routed = self.cluster.assignment
+        assignment[np.fromiter(routed.keys(), np.int64, len(routed))] = np.fromiter(
+            routed.values(), np.int64, len(routed)
+        )
         names = tuple(r.name for r in self.cluster.replicas)
         return ClusterRecords(tuple(parts), assignment, self.cluster.route_wall_s, names)
 

@@ -334,7 +334,7 @@ class EngineCostModel:
             return max(s + c[-2] * plan.num_refreshed + c[-1] * drains, 1e-6)
         c = self.mixed_coef
         t = p + d
-        bt = bucket_of(t, self.buckets.mixed)
+        bt = bucket_of(t, self._mixed_buckets)
         x = (
             1.0,
             bt,
@@ -351,6 +351,10 @@ class EngineCostModel:
         )
         s = sum(a * b for a, b in zip(c, x))
         return max(s, 1e-6)
+
+    @functools.cached_property
+    def _mixed_buckets(self) -> tuple[int, ...]:
+        return self.buckets.mixed
 
     @functools.cached_property
     def _graph_fixed(self) -> tuple[float, ...]:

@@ -14,12 +14,13 @@ overwrites). A path ending in ``.gz`` is written gzipped; either kind is read.
 
 from __future__ import annotations
 
-import gzip
 import json
+import lzma
 import os
 from collections.abc import Sequence
 
 from horizon.request import SLO, Request
+from horizon.workload.json_file import read_json, write_json
 from horizon.workload.sessions import Session
 
 FORMAT = "horizon-sessions"
@@ -38,12 +39,7 @@ def save_sessions(sessions: Sequence[Session], path: str | os.PathLike[str]) -> 
         for s in sessions
     ]
     doc = {"format": FORMAT, "version": VERSION, "sessions": rows}
-    if str(path).endswith(".gz"):  # mtime 0: the same sessions give the same bytes
-        with open(path, "wb") as raw, gzip.GzipFile("", "wb", fileobj=raw, mtime=0) as f:
-            f.write(json.dumps(doc).encode())
-    else:
-        with open(path, "w") as f:
-            json.dump(doc, f)
+    write_json(doc, path)  # .gz / .xz compressed, byte-identical for the same input
 
 
 def load_sessions(path: str | os.PathLike[str]) -> tuple[Session, ...]:
@@ -52,11 +48,9 @@ def load_sessions(path: str | os.PathLike[str]) -> tuple[Session, ...]:
     Raises:
         ValueError: not such a file, or a session or request field out of range (named).
     """
-    with open(path, "rb") as f:
-        raw = f.read()
     try:
-        doc = json.loads(gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw)
-    except (json.JSONDecodeError, UnicodeDecodeError, OSError, EOFError) as e:
+        doc = read_json(path)
+    except (json.JSONDecodeError, UnicodeDecodeError, OSError, EOFError, lzma.LZMAError) as e:
         raise ValueError(f"{path} is not a {FORMAT} v{VERSION} file ({e})") from e
     if not isinstance(doc, dict) or doc.get("format") != FORMAT or doc.get("version") != VERSION:
         raise ValueError(f"{path} is not a {FORMAT} v{VERSION} file")

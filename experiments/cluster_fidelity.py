@@ -1,0 +1,375 @@
+"""The cluster simulator against co-located engine replicas on one GPU.
+
+    python -m experiments.cluster_fidelity export [--out gpu_inputs/cluster]
+    # on the GPU machine, per replica count N:
+    python -m experiments.cluster_engine_replay \
+        --manifest gpu_inputs/cluster/n<N>/cluster_manifest.json --out ENGINE/n<N>
+    python -m experiments.cluster_fidelity compare ENGINE [--out results/cluster_fidelity]
+
+Cases: N = 2 and 4 replicas of the Qwen2.5-0.5B shape (seeded random weights, 2,000 KV blocks
+each, fcfs) on one H200, routers round_robin, least_loaded and prefix_aware, a shared-prefix
+workload (32 system prompts of 1,024 tokens) and closed-loop ShareGPT sessions, 3 loads each;
+the middle load's round_robin case runs twice (``_rep``), which measures the engine's own
+run-to-run noise. The comparison simulates every case with the same requests and router, each
+replica's cost model fitted to the co-located engine steps of every case at the same N
+(``sim``), and again with a model fitted to the *other* workload's steps only
+(``sim_other_workload_fit``: leave one workload out, the model never saw the steps it prices).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+MODEL = "qwen2.5-0.5b"
+NUM_BLOCKS = 2000
+SLO_TTFT, SLO_ITL = 0.25, 0.01
+ROUTERS = ("round_robin", "least_loaded", "prefix_aware")
+ENGINE = {
+    "num_blocks": NUM_BLOCKS,
+    "max_model_len": 8192,
+    "max_num_batched_tokens": 2048,
+    "max_num_seqs": 256,
+}
+SECONDS = 10.0  # arrivals span about this long per case
+# per replica count: workload -> loads (shared_prefix: req/s per replica; sessions: starts/s)
+LOADS = {  # around each knee: 4 co-located replicas share the GPU that 2 share
+    2: {"shared_prefix": (20.0, 30.0, 40.0), "sessions": (10.0, 18.0, 26.0)},
+    4: {"shared_prefix": (10.0, 15.0, 20.0), "sessions": (10.0, 18.0, 26.0)},
+}
+
+
+@dataclass(frozen=True)
+class CaseKey:
+    n: int
+    workload: str
+    load: float
+    router: str
+    repeat: bool = False
+
+    @property
+    def name(self) -> str:
+        return f"{self.workload}_{self.load:g}_{self.router}" + ("_rep" if self.repeat else "")
+
+
+def case_keys(n: int, loads: dict | None = None) -> list[CaseKey]:
+    keys = []
+    for workload, grid in (loads or LOADS[n]).items():
+        for load in grid:
+            keys.extend(CaseKey(n, workload, load, r) for r in ROUTERS)
+        keys.append(CaseKey(n, workload, grid[len(grid) // 2], "round_robin", True))
+    return keys
+
+
+def workload_of(key: CaseKey, tokenized) -> tuple[tuple, tuple]:  # noqa: ANN001
+    """(requests, sessions) of a case; seeded by the case's load, so repeats are identical."""
+    from horizon.workload import (
+        SessionConfig,
+        SharedPrefixConfig,
+        build_sessions,
+        build_shared_prefix,
+    )
+
+    if key.workload == "shared_prefix":
+        n = int(SECONDS * key.n * key.load)
+        cfg = SharedPrefixConfig(
+            num_requests=n,
+            num_groups=32,
+            prefix_tokens=1024,
+            rate=key.n * key.load,
+            seed=int(key.load),
+        )
+        return build_shared_prefix(cfg, tokenized), ()
+    cfg = SessionConfig(
+        num_sessions=int(SECONDS * key.load * 2 / 3),
+        session_rate=key.load,
+        think_time_mean=1.0,
+        max_turns=6,
+        seed=int(key.load),
+    )
+    return (), build_sessions(cfg, tokenized)
+
+
+def export(out: Path) -> list[Path]:
+    """Requests/sessions files and one cluster manifest per replica count under ``out``."""
+    from experiments.cluster_manifest import ClusterCase, ClusterManifest, ReplicaEntry, RouterSpec
+    from horizon.workload import load_sharegpt, tokenize_corpus
+    from horizon.workload.requests_file import save_requests
+    from horizon.workload.sessions_file import save_sessions
+
+    tokenized = tokenize_corpus(load_sharegpt(), REPO / "data" / "cache" / "sharegpt_qwen2.5.npz")
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True
+    ).stdout.strip()
+    written = []
+    for n in LOADS:
+        d = out / f"n{n}"
+        d.mkdir(parents=True, exist_ok=True)
+        cases = []
+        for key in case_keys(n):
+            requests, sessions = workload_of(key, tokenized)
+            file = f"{key.workload}_{key.load:g}.json.xz"
+            if not (d / file).exists():
+                (
+                    save_requests(requests, d / file)
+                    if requests
+                    else save_sessions(sessions, d / file)
+                )
+            which = {"requests": file} if requests else {"sessions": file}
+            cases.append(ClusterCase(key.name, RouterSpec(key.router), **which))
+        m = ClusterManifest(
+            MODEL,
+            tuple(ReplicaEntry("cuda") for _ in range(n)),
+            tuple(cases),
+            dict(ENGINE),
+            SLO_TTFT,
+            {"commit": commit},
+        )
+        m.save(d / "cluster_manifest.json")
+        written.append(d / "cluster_manifest.json")
+    return written
+
+
+def load_engine_case(case_dir: Path):  # noqa: ANN201 - (ClusterRecords, meta)
+    """A case's engine records (one RunRecords per replica) and its meta.json."""
+    import numpy as np
+
+    from horizon.cluster import ClusterRecords
+    from horizon.metrics.records import RunRecords
+
+    meta = json.loads((case_dir / "meta.json").read_text())
+    parts = tuple(
+        RunRecords.load_npz(str(case_dir / f"replica{i}" / "records.npz"))
+        for i in range(len(meta["replicas"]))
+    )
+    names = tuple(r["name"] or f"replica{i}" for i, r in enumerate(meta["replicas"]))
+    rec = ClusterRecords(
+        parts, np.array(meta["assignment"], dtype=np.int64), float(meta["route_wall_s"]), names
+    )
+    rec.check()
+    return rec, meta
+
+
+def fit_cost_models(engine: dict, n: int) -> dict:
+    """At ``n`` replicas, engine-fitted models with the engine's graph buckets: ``"all"`` fitted
+    to every case's co-located steps (every replica's), and per workload one fitted to the
+    *other* workload's steps only (leave one workload out)."""
+    from simulator.engine_cost_model import Buckets, EngineCostModel, rows_of
+
+    buckets = Buckets(ENGINE["max_num_seqs"], ENGINE["max_num_batched_tokens"])
+    workloads = sorted({k.workload for k in engine if k.n == n})
+    out = {}
+    for w in workloads:
+        others = [
+            r
+            for k, (rec, _) in engine.items()
+            if k.n == n and k.workload != w
+            for r in rec.replicas
+        ]
+        out[w] = EngineCostModel.fit(rows_of(others), buckets)
+    every = [r for k, (rec, _) in engine.items() if k.n == n for r in rec.replicas]
+    out["all"] = EngineCostModel.fit(rows_of(every), buckets)
+    return out
+
+
+def simulate_case(key: CaseKey, cost_model, tokenized):  # noqa: ANN001, ANN201 - ClusterRecords
+    from experiments.cluster_setup import simulate_cluster
+    from horizon.cluster import make_router
+    from horizon.model_shape import model_shape
+    from horizon.policies import make_policy
+    from horizon.scheduler_config import SchedulerConfig
+    from simulator.cluster_simulation import ReplicaSetup
+
+    cfg = SchedulerConfig(
+        num_blocks=NUM_BLOCKS,
+        max_num_batched_tokens=2048,
+        max_num_seqs=256,
+        max_model_len=ENGINE["max_model_len"],
+    )
+    shape = model_shape(MODEL)
+    setups = [ReplicaSetup(cfg, make_policy("fcfs"), cost_model, shape) for _ in range(key.n)]
+    requests, sessions = workload_of(key, tokenized)
+    return simulate_cluster(setups, make_router(key.router), requests, sessions)
+
+
+def case_row(key: CaseKey, eng, sim) -> dict:  # noqa: ANN001 - ClusterRecords both
+    from horizon.cluster.metrics import cluster_summary
+    from horizon.metrics import summarize
+    from horizon.request import SLO
+
+    slo = SLO(SLO_TTFT, SLO_ITL)
+    row = {
+        "n": key.n,
+        "workload": key.workload,
+        "load": key.load,
+        "router": key.router,
+        "repeat": key.repeat,
+    }
+    for side, rec in (("engine", eng), ("sim", sim)):
+        c, m = cluster_summary(rec, slo), summarize(rec.merged(), slo=slo)
+        row[side] = {
+            "goodput": c["goodput"],
+            "tpot_goodput": c["tpot_goodput"],
+            "prefix_hit_rate": c["prefix_hit_rate"],
+            "imbalance": c["imbalance"]["max_over_mean"],
+            "requests": c["requests"],
+            **{k: m[k] for k in ("ttft_mean", "ttft_p99", "itl_mean", "itl_p99", "e2e_mean")},
+        }
+    row["goodput_error_pts"] = 100 * (row["sim"]["goodput"] - row["engine"]["goodput"])
+    return row
+
+
+def parse_case(n: int, name: str) -> CaseKey:
+    """The key of a case directory's name (``<workload>_<load>_<router>[_rep]``)."""
+    repeat = name.endswith("_rep")
+    stem = name[: -len("_rep")] if repeat else name
+    for workload in ("shared_prefix", "sessions"):
+        for router in ROUTERS:
+            head, tail = f"{workload}_", f"_{router}"
+            if stem.startswith(head) and stem.endswith(tail):
+                return CaseKey(n, workload, float(stem[len(head) : -len(tail)]), router, repeat)
+    raise ValueError(f"case directory {name!r}: not <workload>_<load>_<router>[_rep]")
+
+
+def compare(engine_root: Path) -> dict:
+    """Every engine case under ``engine_root/n<N>/`` against its simulation."""
+    import numpy as np
+
+    from horizon.workload import load_sharegpt, tokenize_corpus
+
+    tokenized = tokenize_corpus(load_sharegpt(), REPO / "data" / "cache" / "sharegpt_qwen2.5.npz")
+    engine = {}
+    for nd in sorted(engine_root.glob("n*")):
+        n = int(nd.name[1:])
+        for cd in sorted(p for p in nd.iterdir() if (p / "meta.json").exists()):
+            engine[parse_case(n, cd.name)] = load_engine_case(cd)
+    rows = []
+    for n in sorted({k.n for k in engine}):
+        models = fit_cost_models(engine, n)
+        for key in sorted((k for k in engine if k.n == n), key=lambda k: k.name):
+            eng, meta = engine[key]
+            sim = simulate_case(key, models["all"], tokenized)
+            lowo = simulate_case(key, models[key.workload], tokenized)
+            same = np.array_equal(eng.merged().num_prompt_tokens, sim.merged().num_prompt_tokens)
+            assert same, f"{key.name}: the regenerated workload differs from the engine's"
+            row = case_row(key, eng, sim)
+            row["sim_other_workload_fit"] = case_row(key, eng, lowo)["sim"]
+            row["engine_meta"] = {
+                k: meta[k]
+                for k in ("gpu", "date", "commit", "torch", "triton", "wall_s", "route_lag")
+            }
+            rows.append(row)
+    return {"conditions": _conditions(), "cases": rows, "summary": summarize_rows(rows)}
+
+
+def summarize_rows(rows: list[dict]) -> dict:
+    """Noise band per (N, workload), error within band per case, router ranking per load."""
+    noise = {}
+    for r in rows:
+        if r["repeat"]:
+            orig = next(
+                o
+                for o in rows
+                if not o["repeat"]
+                and o["n"] == r["n"]
+                and o["workload"] == r["workload"]
+                and o["load"] == r["load"]
+                and o["router"] == r["router"]
+            )
+            gap = 100 * abs(r["engine"]["goodput"] - orig["engine"]["goodput"])
+            noise[f"n{r['n']}_{r['workload']}"] = gap
+    groups: dict = {}
+    for r in rows:
+        if not r["repeat"]:
+            groups.setdefault((r["n"], r["workload"], r["load"]), []).append(r)
+    rankings = []
+    for (n, w, load), rs in sorted(groups.items()):
+        band = max(2.0, noise.get(f"n{n}_{w}", 0.0))
+        order = {
+            side: [x["router"] for x in sorted(rs, key=lambda x: -x[side]["goodput"])]
+            for side in ("engine", "sim")
+        }
+        eng = {x["router"]: x["engine"]["goodput"] for x in rs}
+        # a pair whose engine goodputs are within the band is a tie: either order agrees
+        agree = all(
+            (eng[a] - eng[b]) * 100 <= band or order["sim"].index(a) < order["sim"].index(b)
+            for i, a in enumerate(order["engine"])
+            for b in order["engine"][i + 1 :]
+        )
+        rankings.append(
+            {
+                "n": n,
+                "workload": w,
+                "load": load,
+                "band_pts": band,
+                "engine_order": order["engine"],
+                "sim_order": order["sim"],
+                "same_order": order["engine"] == order["sim"],
+                "agrees_up_to_ties": agree,
+                "max_abs_error_pts": max(abs(x["goodput_error_pts"]) for x in rs),
+            }
+        )
+    errs = [abs(r["goodput_error_pts"]) for r in rows]
+    within = [
+        abs(r["goodput_error_pts"]) <= max(2.0, noise.get(f"n{r['n']}_{r['workload']}", 0))
+        for r in rows
+    ]
+    return {
+        "noise_band_pts": noise,
+        "rankings": rankings,
+        "cases_within_band": sum(within),
+        "cases": len(rows),
+        "max_abs_error_pts": max(errs) if errs else None,
+        "mean_abs_error_pts": sum(errs) / len(errs) if errs else None,
+    }
+
+
+def _conditions() -> dict:
+    return {
+        "model": MODEL,
+        "weights": "seeded random",
+        "num_blocks_per_replica": NUM_BLOCKS,
+        "policy": "fcfs",
+        "slo": {"ttft_s": SLO_TTFT, "itl_s": SLO_ITL},
+        "engine": ENGINE,
+        "routers": list(ROUTERS),
+        "sim_cost_model": "engine-fitted, to every case's co-located steps at the "
+        "same replica count",
+        "sim_loop": "pipelined, arrivals between steps",
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    e = sub.add_parser("export")
+    e.add_argument("--out", default=str(REPO / "gpu_inputs" / "cluster"))
+    c = sub.add_parser("compare")
+    c.add_argument("engine", help="directory of n<N>/<case>/ engine results")
+    c.add_argument("--out", default=str(REPO / "results" / "cluster_fidelity"))
+    args = ap.parse_args(argv)
+    if args.cmd == "export":
+        for p in export(Path(args.out)):
+            print(p)
+        return
+    doc = compare(Path(args.engine))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "cluster_fidelity.json").write_text(json.dumps(doc, indent=1) + "\n")
+    print(json.dumps(doc["summary"]["rankings"][:2]))
+    print(
+        json.dumps(
+            {
+                k: doc["summary"][k]
+                for k in ("cases", "cases_within_band", "max_abs_error_pts", "noise_band_pts")
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,207 @@
+"""Renders the cluster studies and the cluster fidelity comparison: tables and figures.
+
+    python -m experiments.cluster_report [--results DIR] [--fidelity DIR]
+
+Reads ``<results>/<setting>.json`` (``experiments.cluster_study``) and
+``<fidelity>/cluster_fidelity.json`` (``experiments.cluster_fidelity compare``); writes
+``<results>/cluster.md`` with one figure per setting (goodput against load per router), the
+hit-rate-against-imbalance figure and the per-replica queue figure, and
+``<fidelity>/cluster_fidelity.md``. Numbers only; the reading is in docs/cluster.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from experiments.figure_style import colors, legend_below, new_figure, save, style_axes
+from experiments.report_template import table
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _ci(d: dict, digits: int = 1) -> str:
+    lo, hi = d["ci"]
+    return f"{d['mean']:.{digits}f} [{lo:.{digits}f}, {hi:.{digits}f}]"
+
+
+def setting_table(doc: dict) -> str:
+    rows = doc["summary"]["rows"]
+    mid = rows[next(iter(rows))]["loads"][len(rows[next(iter(rows))]["loads"]) // 2]
+    out = []
+    for name, r in rows.items():
+        at = r["per_load"][str(mid)]
+        vs = r["vs"]
+        out.append(
+            [
+                name,
+                _ci(r["rate_at_90"]) + (" (censored)" if r["censored"] else ""),
+                _ci(vs["round_robin"], 3) if "round_robin" in vs else "-",
+                _ci(vs["least_loaded"], 3) if "least_loaded" in vs else "-",
+                f"{at['goodput']['mean']:.3f}",
+                f"{at['prefix_hit_rate']['mean']:.3f}",
+                f"{at['imbalance_max_over_mean']['mean']:.3f}",
+                f"{1e3 * at['ttft_p99']['mean']:.0f}",
+            ]
+        )
+    head = [
+        "router",
+        "rate_at_90",
+        "x round_robin",
+        "x least_loaded",
+        f"goodput @ {mid:g}",
+        "hit rate",
+        "imbalance max/mean",
+        "p99 TTFT ms",
+    ]
+    return table(head, out)
+
+
+def goodput_figure(doc: dict, path: Path) -> Path:
+    rows = doc["summary"]["rows"]
+    fig = new_figure(3.6)
+    ax = fig.add_subplot(111)
+    for c, (name, r) in zip(colors(len(rows)), rows.items()):
+        ys = [r["per_load"][str(x)]["goodput"]["mean"] for x in r["loads"]]
+        ax.plot(r["loads"], ys, marker="o", ms=3, color=c, label=name)
+    style_axes(ax, doc["conditions"]["load_unit"], "cluster goodput (lifetime)")
+    legend_below(fig, ax, "router")
+    return save(fig, path)
+
+
+def hit_imbalance_figure(docs: dict, path: Path) -> Path:
+    fig = new_figure(3.6)
+    ax = fig.add_subplot(111)
+    names = sorted({n for d in docs.values() for n in d["summary"]["rows"]})
+    color = dict(zip(names, colors(len(names))))
+    for marker, d in zip("osD", docs.values()):
+        for name, r in d["summary"]["rows"].items():
+            at = r["per_load"][str(r["loads"][len(r["loads"]) // 2])]
+            ax.scatter(
+                at["imbalance_max_over_mean"]["mean"],
+                at["prefix_hit_rate"]["mean"],
+                color=color[name],
+                marker=marker,
+                s=18,
+            )
+    for name in names:
+        ax.scatter([], [], color=color[name], label=name)
+    style_axes(ax, "load imbalance (max / mean work), middle load", "prefix-cache hit rate")
+    ax.set_title(" ".join(f"{m} {s}" for m, s in zip("osD", docs)), fontsize=8)
+    legend_below(fig, ax, "router")
+    return save(fig, path)
+
+
+def queue_figure(docs: dict, path: Path) -> Path:
+    runs = [
+        r
+        for d in docs.values()
+        for r in d["runs"]
+        if "queue_trace" in r and r["row"] in ("round_robin", "prefix_aware")
+    ]
+    fig = new_figure(3.6)
+    axes = fig.subplots(1, len(runs), sharey=True, squeeze=False)[0]
+    for ax, r in zip(axes, runs):
+        q = r["queue_trace"]
+        for i, series in enumerate(q["waiting"]):
+            ax.plot(q["t"], series, lw=0.8, label=f"replica {i}")
+        ax.set_title(f"{r['setting']}\n{r['row']} @ {r['load']:g}", fontsize=7)
+        style_axes(ax, "s", "waiting requests" if ax is axes[0] else None)
+    return save(fig, path)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--results", default=str(REPO / "results" / "cluster"))
+    ap.add_argument("--fidelity", default=str(REPO / "results" / "cluster_fidelity"))
+    args = ap.parse_args(argv)
+    res = Path(args.results)
+    docs = {p.stem: json.loads(p.read_text()) for p in sorted(res.glob("*.json"))}
+    parts = ["# Cluster studies (simulated)\n"]
+    for name, d in docs.items():
+        c = d["conditions"]
+        parts.append(f"## {name}\n\n{json.dumps({k: c[k] for k in c if k != 'rows'})}\n")
+        parts.append(setting_table(d))
+        parts.append(f"\n![{name}]({goodput_figure(d, res / f'{name}_goodput.png').name})\n")
+    parts.append(
+        f"![hit vs imbalance]({hit_imbalance_figure(docs, res / 'hit_vs_imbalance.png').name})\n"
+    )
+    parts.append(f"![queues]({queue_figure(docs, res / 'queues.png').name})\n")
+    (res / "cluster.md").write_text("\n".join(parts))
+    fid = Path(args.fidelity) / "cluster_fidelity.json"
+    if fid.exists():
+        (fid.parent / "cluster_fidelity.md").write_text(fidelity_page(json.loads(fid.read_text())))
+
+
+def fidelity_page(doc: dict) -> str:
+    rows = []
+    for r in doc["cases"]:
+        e, s, o = r["engine"], r["sim"], r["sim_other_workload_fit"]
+        rows.append(
+            [
+                r["n"],
+                r["workload"],
+                f"{r['load']:g}",
+                r["router"] + (" (repeat)" if r["repeat"] else ""),
+                f"{e['goodput']:.3f}",
+                f"{s['goodput']:.3f}",
+                f"{r['goodput_error_pts']:+.1f}",
+                f"{o['goodput']:.3f}",
+                f"{e['prefix_hit_rate']:.2f} / {s['prefix_hit_rate']:.2f}",
+                f"{1e3 * e['itl_p99']:.1f} / {1e3 * s['itl_p99']:.1f}",
+            ]
+        )
+    head = [
+        "N",
+        "workload",
+        "load",
+        "router",
+        "engine goodput",
+        "sim goodput",
+        "error pts",
+        "sim (other-workload fit)",
+        "hit rate eng / sim",
+        "p99 ITL ms eng / sim",
+    ]
+    rank = [
+        [
+            k["n"],
+            k["workload"],
+            f"{k['load']:g}",
+            " > ".join(k["engine_order"]),
+            " > ".join(k["sim_order"]),
+            "yes" if k["agrees_up_to_ties"] else "no",
+            f"{k['band_pts']:.1f}",
+        ]
+        for k in doc["summary"]["rankings"]
+    ]
+    s = doc["summary"]
+    return "\n".join(
+        [
+            "# Cluster simulator against co-located engine replicas\n",
+            json.dumps(doc["conditions"]) + "\n",
+            table(head, rows),
+            "",
+            table(
+                [
+                    "N",
+                    "workload",
+                    "load",
+                    "engine order",
+                    "sim order",
+                    "agrees up to ties",
+                    "band pts",
+                ],
+                rank,
+            ),
+            "",
+            f"Cases within max(2 pts, noise band): {s['cases_within_band']} of {s['cases']}; "
+            f"largest error {s['max_abs_error_pts']:.1f} pts; noise band (repeat) "
+            f"{json.dumps({k: round(v, 1) for k, v in s['noise_band_pts'].items()})}.\n",
+        ]
+    )
+
+
+if __name__ == "__main__":
+    main()
