@@ -1,0 +1,46 @@
+"""docs/cluster.md's own-router example runs as written; the study summary and the fidelity
+case names parse as documented."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_the_own_router_example_runs_and_spreads_the_requests():
+    text = (REPO / "docs" / "cluster.md").read_text()
+    (code,) = re.findall(r"```python\n(.*?)```", text, re.S)
+    assert len(code.strip().splitlines()) <= 25
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr
+    total, per = proc.stdout.strip().split(" ", 1)
+    counts = [int(x) for x in per.strip("[]").split(",")]
+    assert int(total) == 2000 == sum(counts) and min(counts) > 300
+
+
+def test_rate_at_interpolates_and_flags_censored_grids():
+    from experiments.cluster_summary import rate_at
+
+    assert rate_at([10, 20, 30], [1.0, 0.95, 0.85]) == (pytest.approx(25.0), "")
+    assert rate_at([10, 20], [0.5, 0.4]) == (10, "below")
+    assert rate_at([10, 20], [1.0, 0.99]) == (20, "above")
+
+
+def test_fidelity_case_names_round_trip():
+    from experiments.cluster_fidelity import CaseKey, case_keys, parse_case
+
+    for key in case_keys(4):
+        assert parse_case(4, key.name) == key
+    assert parse_case(2, "shared_prefix_30_round_robin_rep") == CaseKey(
+        2, "shared_prefix", 30.0, "round_robin", True
+    )
+    with pytest.raises(ValueError, match="not <workload>"):
+        parse_case(2, "nonsense")
