@@ -15,10 +15,13 @@ from experiments.config import RunConfig, SweepConfig
 
 
 def register_configs() -> None:
-    """Store ``run_schema`` and ``sweep_schema`` (idempotent: storing again replaces)."""
+    """Store ``run_schema``, ``sweep_schema`` and ``cluster_run_schema`` (idempotent)."""
     cs = ConfigStore.instance()
     cs.store(name="run_schema", node=_writable(OmegaConf.structured(RunConfig)))
     cs.store(name="sweep_schema", node=_writable(OmegaConf.structured(SweepConfig)))
+    from experiments.cluster_config import ClusterRunConfig  # (pulls in the simulator)
+
+    cs.store(name="cluster_run_schema", node=_writable(OmegaConf.structured(ClusterRunConfig)))
 
 
 def _writable(node: DictConfig) -> DictConfig:
