@@ -359,7 +359,7 @@ def main(argv: list[str] | None = None) -> None:
     doc = compare(Path(args.engine))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "cluster_fidelity.json").write_text(json.dumps(doc, indent=1) + "\n")
+    (out / "cluster_fidelity.json").write_text(json.dumps(doc, separators=(",", ":")) + "\n")
     print(json.dumps(doc["summary"]["rankings"][:2]))
     print(
         json.dumps(
