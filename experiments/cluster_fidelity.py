@@ -4,7 +4,8 @@
     # on the GPU machine, per replica count N:
     python -m experiments.cluster_engine_replay \
         --manifest gpu_inputs/cluster/n<N>/cluster_manifest.json --out ENGINE/n<N>
-    python -m experiments.cluster_fidelity compare ENGINE [--out results/cluster_fidelity]
+    python -m experiments.cluster_fidelity tabulate ENGINE    # -> results/cluster_fidelity/ tables
+    python -m experiments.cluster_fidelity compare            # from those tables
 
 Cases: N = 2 and 4 replicas of the Qwen2.5-0.5B shape (seeded random weights, 2,000 KV blocks
 each, fcfs) on one H200, routers round_robin, least_loaded and prefix_aware, a shared-prefix
@@ -154,26 +155,25 @@ def load_engine_case(case_dir: Path):  # noqa: ANN201 - (ClusterRecords, meta)
     return rec, meta
 
 
-def fit_cost_models(engine: dict, n: int) -> dict:
+def fit_cost_models(table: Path, n: int, workloads: list[str]) -> dict:
     """At ``n`` replicas, engine-fitted models with the engine's graph buckets: ``"all"`` fitted
     to every case's co-located steps (every replica's), and per workload one fitted to the
-    *other* workload's steps only (leave one workload out)."""
-    from simulator.engine_cost_model import Buckets, EngineCostModel, rows_of
+    *other* workloads' steps only (leave one workload out). Steps from ``tabulate``'s files."""
+    import numpy as np
+
+    from simulator.engine_cost_model import Buckets, EngineCostModel, read_steps
 
     buckets = Buckets(ENGINE["max_num_seqs"], ENGINE["max_num_batched_tokens"])
-    workloads = sorted({k.workload for k in engine if k.n == n})
-    out = {}
+    rows = {w: read_steps(table / steps_file(n, w))[0] for w in workloads}
+    out = {"all": EngineCostModel.fit(np.concatenate(list(rows.values())), buckets)}
     for w in workloads:
-        others = [
-            r
-            for k, (rec, _) in engine.items()
-            if k.n == n and k.workload != w
-            for r in rec.replicas
-        ]
-        out[w] = EngineCostModel.fit(rows_of(others), buckets)
-    every = [r for k, (rec, _) in engine.items() if k.n == n for r in rec.replicas]
-    out["all"] = EngineCostModel.fit(rows_of(every), buckets)
+        others = np.concatenate([r for v, r in rows.items() if v != w])
+        out[w] = EngineCostModel.fit(others, buckets)
     return out
+
+
+def steps_file(n: int, workload: str) -> str:
+    return f"steps_n{n}_{workload}.csv.gz"
 
 
 def simulate_case(key: CaseKey, cost_model, tokenized):  # noqa: ANN001, ANN201 - ClusterRecords
@@ -196,31 +196,32 @@ def simulate_case(key: CaseKey, cost_model, tokenized):  # noqa: ANN001, ANN201 
     return simulate_cluster(setups, make_router(key.router), requests, sessions)
 
 
-def case_row(key: CaseKey, eng, sim) -> dict:  # noqa: ANN001 - ClusterRecords both
+def figures(rec) -> dict:  # noqa: ANN001 - ClusterRecords
+    """The figures a side of the comparison is judged by."""
     from horizon.cluster.metrics import cluster_summary
     from horizon.metrics import summarize
     from horizon.request import SLO
 
     slo = SLO(SLO_TTFT, SLO_ITL)
-    row = {
-        "n": key.n,
-        "workload": key.workload,
-        "load": key.load,
-        "router": key.router,
-        "repeat": key.repeat,
+    c, m = cluster_summary(rec, slo), summarize(rec.merged(), slo=slo)
+    return {
+        "goodput": c["goodput"],
+        "tpot_goodput": c["tpot_goodput"],
+        "prefix_hit_rate": c["prefix_hit_rate"],
+        "imbalance": c["imbalance"]["max_over_mean"],
+        "requests": c["requests"],
+        **{k: m[k] for k in ("ttft_mean", "ttft_p99", "itl_mean", "itl_p99", "e2e_mean")},
     }
-    for side, rec in (("engine", eng), ("sim", sim)):
-        c, m = cluster_summary(rec, slo), summarize(rec.merged(), slo=slo)
-        row[side] = {
-            "goodput": c["goodput"],
-            "tpot_goodput": c["tpot_goodput"],
-            "prefix_hit_rate": c["prefix_hit_rate"],
-            "imbalance": c["imbalance"]["max_over_mean"],
-            "requests": c["requests"],
-            **{k: m[k] for k in ("ttft_mean", "ttft_p99", "itl_mean", "itl_p99", "e2e_mean")},
-        }
-    row["goodput_error_pts"] = 100 * (row["sim"]["goodput"] - row["engine"]["goodput"])
-    return row
+
+
+def prompt_digest(rec) -> str:  # noqa: ANN001 - ClusterRecords
+    """SHA-256 of every request's prompt length in id order: the workload's fingerprint."""
+    import hashlib
+
+    import numpy as np
+
+    lengths = np.ascontiguousarray(rec.merged().num_prompt_tokens, dtype=np.int64)
+    return hashlib.sha256(lengths.tobytes()).hexdigest()
 
 
 def parse_case(n: int, name: str) -> CaseKey:
@@ -235,34 +236,79 @@ def parse_case(n: int, name: str) -> CaseKey:
     raise ValueError(f"case directory {name!r}: not <workload>_<load>_<router>[_rep]")
 
 
-def compare(engine_root: Path) -> dict:
-    """Every engine case under ``engine_root/n<N>/`` against its simulation."""
-    import numpy as np
+META = ("gpu", "date", "commit", "torch", "triton", "wall_s", "route_lag")
 
-    from horizon.workload import load_sharegpt, tokenize_corpus
 
-    tokenized = tokenize_corpus(load_sharegpt(), REPO / "data" / "cache" / "sharegpt_qwen2.5.npz")
-    engine = {}
+def tabulate(engine_root: Path, out: Path) -> Path:
+    """The engine's cases under ``engine_root/n<N>/<case>/`` as one sweep's tables in ``out``:
+    ``steps_n<N>_<workload>.csv.gz`` (every replica's step rows, the calibration format) and
+    ``engine_cases.json`` (each case's figures, its workload's fingerprint and its meta)."""
+    from simulator.engine_cost_model import rows_of, write_steps
+
+    cases, steps = [], {}
     for nd in sorted(engine_root.glob("n*")):
         n = int(nd.name[1:])
         for cd in sorted(p for p in nd.iterdir() if (p / "meta.json").exists()):
-            engine[parse_case(n, cd.name)] = load_engine_case(cd)
+            key = parse_case(n, cd.name)
+            rec, meta = load_engine_case(cd)
+            steps.setdefault((n, key.workload), []).extend(rec.replicas)
+            cases.append(
+                {
+                    "n": n,
+                    "case": key.name,
+                    "engine": figures(rec),
+                    "prompt_digest": prompt_digest(rec),
+                    "meta": {k: meta[k] for k in META},
+                }
+            )
+    out.mkdir(parents=True, exist_ok=True)
+    for (n, w), recs in sorted(steps.items()):
+        write_steps(
+            rows_of(recs),
+            out / steps_file(n, w),
+            {
+                "replicas": n,
+                "workload": w,
+                "step_s": "each step's own time in the co-located engine's online loop",
+            },
+        )
+    (out / "engine_cases.json").write_text(json.dumps(cases, separators=(",", ":")) + "\n")
+    return out / "engine_cases.json"
+
+
+def compare(table: Path) -> dict:
+    """Every tabulated engine case (``tabulate``'s files in ``table``) against its simulation."""
+    from horizon.workload import load_sharegpt, tokenize_corpus
+
+    tokenized = tokenize_corpus(load_sharegpt(), REPO / "data" / "cache" / "sharegpt_qwen2.5.npz")
+    cases = json.loads((table / "engine_cases.json").read_text())
     rows = []
-    for n in sorted({k.n for k in engine}):
-        models = fit_cost_models(engine, n)
-        for key in sorted((k for k in engine if k.n == n), key=lambda k: k.name):
-            eng, meta = engine[key]
+    for n in sorted({c["n"] for c in cases}):
+        mine = sorted((c for c in cases if c["n"] == n), key=lambda c: c["case"])
+        keys = [parse_case(n, c["case"]) for c in mine]
+        models = fit_cost_models(table, n, sorted({k.workload for k in keys}))
+        for key, case in zip(keys, mine):
             sim = simulate_case(key, models["all"], tokenized)
+            assert prompt_digest(sim) == case["prompt_digest"], (
+                f"{key.name}: the regenerated workload differs from the engine's"
+            )
             lowo = simulate_case(key, models[key.workload], tokenized)
-            same = np.array_equal(eng.merged().num_prompt_tokens, sim.merged().num_prompt_tokens)
-            assert same, f"{key.name}: the regenerated workload differs from the engine's"
-            row = case_row(key, eng, sim)
-            row["sim_other_workload_fit"] = case_row(key, eng, lowo)["sim"]
-            row["engine_meta"] = {
-                k: meta[k]
-                for k in ("gpu", "date", "commit", "torch", "triton", "wall_s", "route_lag")
-            }
-            rows.append(row)
+            rows.append(
+                {
+                    "n": n,
+                    "workload": key.workload,
+                    "load": key.load,
+                    "router": key.router,
+                    "repeat": key.repeat,
+                    "engine": case["engine"],
+                    "sim": figures(sim),
+                    "sim_other_workload_fit": figures(lowo),
+                    "engine_meta": case["meta"],
+                }
+            )
+            rows[-1]["goodput_error_pts"] = 100 * (
+                rows[-1]["sim"]["goodput"] - rows[-1]["engine"]["goodput"]
+            )
     return {"conditions": _conditions(), "cases": rows, "summary": summarize_rows(rows)}
 
 
@@ -348,15 +394,21 @@ def main(argv: list[str] | None = None) -> None:
     sub = ap.add_subparsers(dest="cmd", required=True)
     e = sub.add_parser("export")
     e.add_argument("--out", default=str(REPO / "gpu_inputs" / "cluster"))
+    t = sub.add_parser("tabulate")
+    t.add_argument("engine", help="directory of n<N>/<case>/ engine results (the GPU's output)")
+    t.add_argument("--out", default=str(REPO / "results" / "cluster_fidelity"))
     c = sub.add_parser("compare")
-    c.add_argument("engine", help="directory of n<N>/<case>/ engine results")
+    c.add_argument("--table", default=str(REPO / "results" / "cluster_fidelity"))
     c.add_argument("--out", default=str(REPO / "results" / "cluster_fidelity"))
     args = ap.parse_args(argv)
     if args.cmd == "export":
         for p in export(Path(args.out)):
             print(p)
         return
-    doc = compare(Path(args.engine))
+    if args.cmd == "tabulate":
+        print(tabulate(Path(args.engine), Path(args.out)))
+        return
+    doc = compare(Path(args.table))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "cluster_fidelity.json").write_text(json.dumps(doc, separators=(",", ":")) + "\n")
