@@ -135,8 +135,25 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def fidelity_page(doc: dict) -> str:
+    s = doc["summary"]
+    return "\n".join(
+        [
+            "# Cluster simulator against co-located engine replicas\n",
+            json.dumps(doc["conditions"]) + "\n",
+            _case_table(doc["cases"]),
+            "",
+            _ranking_table(s["rankings"]),
+            "",
+            f"Cases within max(2 pts, noise band): {s['cases_within_band']} of {s['cases']}; "
+            f"largest error {s['max_abs_error_pts']:.1f} pts; noise band (repeat) "
+            f"{json.dumps({k: round(v, 1) for k, v in s['noise_band_pts'].items()})}.\n",
+        ]
+    )
+
+
+def _case_table(cases: list[dict]) -> str:
     rows = []
-    for r in doc["cases"]:
+    for r in cases:
         e, s, o = r["engine"], r["sim"], r["sim_other_workload_fit"]
         rows.append(
             [
@@ -164,7 +181,11 @@ def fidelity_page(doc: dict) -> str:
         "hit rate eng / sim",
         "p99 ITL ms eng / sim",
     ]
-    rank = [
+    return table(head, rows)
+
+
+def _ranking_table(rankings: list[dict]) -> str:
+    rows = [
         [
             k["n"],
             k["workload"],
@@ -174,33 +195,10 @@ def fidelity_page(doc: dict) -> str:
             "yes" if k["agrees_up_to_ties"] else "no",
             f"{k['band_pts']:.1f}",
         ]
-        for k in doc["summary"]["rankings"]
+        for k in rankings
     ]
-    s = doc["summary"]
-    return "\n".join(
-        [
-            "# Cluster simulator against co-located engine replicas\n",
-            json.dumps(doc["conditions"]) + "\n",
-            table(head, rows),
-            "",
-            table(
-                [
-                    "N",
-                    "workload",
-                    "load",
-                    "engine order",
-                    "sim order",
-                    "agrees up to ties",
-                    "band pts",
-                ],
-                rank,
-            ),
-            "",
-            f"Cases within max(2 pts, noise band): {s['cases_within_band']} of {s['cases']}; "
-            f"largest error {s['max_abs_error_pts']:.1f} pts; noise band (repeat) "
-            f"{json.dumps({k: round(v, 1) for k, v in s['noise_band_pts'].items()})}.\n",
-        ]
-    )
+    head = ["N", "workload", "load", "engine order", "sim order", "agrees up to ties", "band pts"]
+    return table(head, rows)
 
 
 if __name__ == "__main__":

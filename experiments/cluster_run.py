@@ -20,7 +20,7 @@ import hydra
 from omegaconf import DictConfig
 
 from experiments.cluster_config import ClusterRunConfig
-from experiments.cluster_settings import Setting
+from experiments.cluster_settings import SETTINGS, Setting
 from experiments.cluster_setup import build_router, simulate_cluster
 from experiments.config_store import register_configs
 from experiments.jobs import run_job
@@ -34,13 +34,8 @@ def execute(cfg: ClusterRunConfig, out_dir: Path) -> dict:
     from horizon.request import SLO
 
     inputs = Inputs()
-    setting = Setting(
-        "run",
-        "run",
-        cfg.traffic,
-        (cfg.load,),
-        options={"num_groups": 32, "prefix_tokens": 1024} if cfg.traffic == "shared_prefix" else {},
-    )
+    options = SETTINGS[cfg.traffic].options  # the studies' workload of that kind
+    setting = Setting("run", "run", cfg.traffic, (cfg.load,), options=options)
     task = Task("run", "run", cfg.load, cfg.seed, cfg.requests, cfg.sessions)
     requests, sessions = inputs.workload(setting, task)
     uses = cfg.router.name == "horizon"

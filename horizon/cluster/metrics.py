@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from horizon.cluster.records import ClusterRecords
+from horizon.metrics import waste
 from horizon.metrics.goodput import SLOLike, lifetime_good, tpot_good
 
 
@@ -31,11 +32,8 @@ def imbalance(rec: ClusterRecords) -> dict[str, float]:
 
 
 def prefix_hit_rate(rec: ClusterRecords) -> float:
-    """Cached prompt tokens / (cached + prefill tokens computed), over the cluster (0 if none)."""
-    cached = sum(float(r.cached_tokens.sum()) for r in rec.replicas)
-    computed = sum(float(r.prefill_tokens.sum()) for r in rec.replicas)
-    total = cached + computed
-    return cached / total if total else 0.0
+    """The single-replica metric over the cluster's merged records (NaN if nothing prefilled)."""
+    return waste.prefix_hit_rate(rec.merged())
 
 
 def routing_rate(rec: ClusterRecords) -> float:
@@ -71,7 +69,7 @@ def cluster_summary(rec: ClusterRecords, slo: SLOLike | None = None) -> dict:
         "goodput": float(lifetime_good(merged, slo).mean()) if n else float("nan"),
         "tpot_goodput": float(tpot_good(merged, slo=slo).mean()) if n else float("nan"),
         "imbalance": imbalance(rec),
-        "prefix_hit_rate": prefix_hit_rate(rec),
+        "prefix_hit_rate": waste.prefix_hit_rate(merged),
         "routing_decisions_per_s": routing_rate(rec),
         "per_replica": per_replica(rec, slo),
     }

@@ -109,7 +109,7 @@ class LiveView(ReplicaView):
     index = property(lambda self: self._r.index)
     name = property(lambda self: self._r.name)
     shape: ModelShape | None = property(lambda self: self._r.shape)  # type: ignore[assignment]
-    num_waiting = property(lambda self: len(self._sched._waiting))
+    num_waiting = property(lambda self: self._sched.num_waiting)
     num_running = property(lambda self: len(self._sched.running))
     queued_prefill_tokens = property(lambda self: self._sched.queued_prefill_tokens)
     num_blocks = property(lambda self: self._pool.num_blocks)
@@ -126,7 +126,7 @@ class LiveView(ReplicaView):
 
     @property
     def load(self) -> int:
-        return len(self._sched._waiting) + len(self._sched.running)
+        return self._sched.num_waiting + len(self._sched.running)
 
     def prefix_hit_tokens(self, request: Request) -> int:
         if not self._caching:
