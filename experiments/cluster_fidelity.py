@@ -14,7 +14,9 @@ the middle load's round_robin case runs twice (``_rep``), which measures the eng
 run-to-run noise. The comparison simulates every case with the same requests and router, each
 replica's cost model fitted to the co-located engine steps of every case at the same N
 (``sim``), and again with a model fitted to the *other* workload's steps only
-(``sim_other_workload_fit``: leave one workload out, the model never saw the steps it prices).
+(``sim_other_workload_fit``: leave one workload out, the model never saw the steps it prices),
+and with the model of one replica alone on the GPU (``calibration/``), every replica's steps
+serialized on one shared device (``sim_shared_device``: nothing fitted to co-located steps).
 """
 
 from __future__ import annotations
@@ -176,7 +178,9 @@ def steps_file(n: int, workload: str) -> str:
     return f"steps_n{n}_{workload}.csv.gz"
 
 
-def simulate_case(key: CaseKey, cost_model, tokenized):  # noqa: ANN001, ANN201 - ClusterRecords
+def simulate_case(key: CaseKey, cost_model, tokenized, device: str | None = None):  # noqa: ANN001, ANN201
+    """The case on the cluster simulator (ClusterRecords); ``device``: every replica on that one
+    shared GPU, steps serialized (``simulator.shared_device``), else each on its own."""
     from experiments.cluster_setup import simulate_cluster
     from horizon.cluster import make_router
     from horizon.model_shape import model_shape
@@ -191,7 +195,10 @@ def simulate_case(key: CaseKey, cost_model, tokenized):  # noqa: ANN001, ANN201 
         max_model_len=ENGINE["max_model_len"],
     )
     shape = model_shape(MODEL)
-    setups = [ReplicaSetup(cfg, make_policy("fcfs"), cost_model, shape) for _ in range(key.n)]
+    setups = [
+        ReplicaSetup(cfg, make_policy("fcfs"), cost_model, shape, device=device)
+        for _ in range(key.n)
+    ]
     requests, sessions = workload_of(key, tokenized)
     return simulate_cluster(setups, make_router(key.router), requests, sessions)
 
@@ -282,88 +289,74 @@ def compare(table: Path) -> dict:
 
     tokenized = tokenize_corpus(load_sharegpt(), REPO / "data" / "cache" / "sharegpt_qwen2.5.npz")
     cases = json.loads((table / "engine_cases.json").read_text())
+    isolated = isolated_cost_model()
     rows = []
     for n in sorted({c["n"] for c in cases}):
         mine = sorted((c for c in cases if c["n"] == n), key=lambda c: c["case"])
         keys = [parse_case(n, c["case"]) for c in mine]
         models = fit_cost_models(table, n, sorted({k.workload for k in keys}))
+        models["isolated"] = isolated
         for key, case in zip(keys, mine):
-            sim = simulate_case(key, models["all"], tokenized)
-            assert prompt_digest(sim) == case["prompt_digest"], (
-                f"{key.name}: the regenerated workload differs from the engine's"
-            )
-            lowo = simulate_case(key, models[key.workload], tokenized)
-            rows.append(
-                {
-                    "n": n,
-                    "workload": key.workload,
-                    "load": key.load,
-                    "router": key.router,
-                    "repeat": key.repeat,
-                    "engine": case["engine"],
-                    "sim": figures(sim),
-                    "sim_other_workload_fit": figures(lowo),
-                    "engine_meta": case["meta"],
-                }
-            )
-            rows[-1]["goodput_error_pts"] = 100 * (
-                rows[-1]["sim"]["goodput"] - rows[-1]["engine"]["goodput"]
-            )
-    return {"conditions": _conditions(), "cases": rows, "summary": summarize_rows(rows)}
+            rows.append(compare_case(key, case, models, tokenized))
+    return {
+        "conditions": _conditions(),
+        "cases": rows,
+        "summary": summarize_rows(rows),
+        "summary_shared_device": summarize_rows(rows, "sim_shared_device"),
+    }
 
 
-def summarize_rows(rows: list[dict]) -> dict:
-    """Noise band per (N, workload), error within band per case, router ranking per load."""
-    noise = {}
-    for r in rows:
-        if r["repeat"]:
-            orig = next(
-                o
-                for o in rows
-                if not o["repeat"]
-                and o["n"] == r["n"]
-                and o["workload"] == r["workload"]
-                and o["load"] == r["load"]
-                and o["router"] == r["router"]
-            )
-            gap = 100 * abs(r["engine"]["goodput"] - orig["engine"]["goodput"])
-            noise[f"n{r['n']}_{r['workload']}"] = gap
+def compare_case(key: CaseKey, case: dict, models: dict, tokenized) -> dict:  # noqa: ANN001
+    """One engine case against its three simulations: fitted to every case's co-located steps,
+    fitted to the other workload's only, and the isolated replica's model on a shared GPU."""
+    sim = simulate_case(key, models["all"], tokenized)
+    assert prompt_digest(sim) == case["prompt_digest"], (
+        f"{key.name}: the regenerated workload differs from the engine's"
+    )
+    lowo = simulate_case(key, models[key.workload], tokenized)
+    shared = simulate_case(key, models["isolated"], tokenized, device="gpu0")
+    row = {
+        "n": key.n,
+        "workload": key.workload,
+        "load": key.load,
+        "router": key.router,
+        "repeat": key.repeat,
+        "engine": case["engine"],
+        "sim": figures(sim),
+        "sim_other_workload_fit": figures(lowo),
+        "sim_shared_device": figures(shared),
+        "engine_meta": case["meta"],
+    }
+    row["goodput_error_pts"] = error_pts(row, "sim")
+    row["goodput_error_pts_shared_device"] = error_pts(row, "sim_shared_device")
+    return row
+
+
+def isolated_cost_model():  # noqa: ANN201 - EngineCostModel
+    """The engine-fitted model of one 0.5B replica alone on the H200 (``calibration/``)."""
+    from horizon.model_shape import model_shape
+    from simulator import gpu_spec, make_cost_model
+
+    path = REPO / "calibration" / f"h200_{MODEL}_online.csv.gz"
+    return make_cost_model("engine_fitted", shape=model_shape(MODEL), gpu=gpu_spec("H200"),
+                           path=str(path))  # fmt: skip
+
+
+def summarize_rows(rows: list[dict], side: str = "sim") -> dict:
+    """Noise band per (N, workload); for the simulated figures ``side``: error within band per
+    case and the router ranking per load."""
+    noise = noise_bands(rows)
     groups: dict = {}
     for r in rows:
         if not r["repeat"]:
             groups.setdefault((r["n"], r["workload"], r["load"]), []).append(r)
-    rankings = []
-    for (n, w, load), rs in sorted(groups.items()):
-        band = max(2.0, noise.get(f"n{n}_{w}", 0.0))
-        order = {
-            side: [x["router"] for x in sorted(rs, key=lambda x: -x[side]["goodput"])]
-            for side in ("engine", "sim")
-        }
-        eng = {x["router"]: x["engine"]["goodput"] for x in rs}
-        # a pair whose engine goodputs are within the band is a tie: either order agrees
-        agree = all(
-            (eng[a] - eng[b]) * 100 <= band or order["sim"].index(a) < order["sim"].index(b)
-            for i, a in enumerate(order["engine"])
-            for b in order["engine"][i + 1 :]
-        )
-        rankings.append(
-            {
-                "n": n,
-                "workload": w,
-                "load": load,
-                "band_pts": band,
-                "engine_order": order["engine"],
-                "sim_order": order["sim"],
-                "same_order": order["engine"] == order["sim"],
-                "agrees_up_to_ties": agree,
-                "max_abs_error_pts": max(abs(x["goodput_error_pts"]) for x in rs),
-            }
-        )
-    errs = [abs(r["goodput_error_pts"]) for r in rows]
-    within = [
-        abs(r["goodput_error_pts"]) <= max(2.0, noise.get(f"n{r['n']}_{r['workload']}", 0))
-        for r in rows
+    rankings = [
+        ranking(rs, side, max(2.0, noise.get(f"n{n}_{w}", 0.0)))
+        | {"n": n, "workload": w, "load": load}
+        for (n, w, load), rs in sorted(groups.items())
     ]
+    errs = [abs(error_pts(r, side)) for r in rows]
+    within = [e <= max(2.0, noise.get(f"n{r['n']}_{r['workload']}", 0)) for e, r in zip(errs, rows)]
     return {
         "noise_band_pts": noise,
         "rankings": rankings,
@@ -371,6 +364,50 @@ def summarize_rows(rows: list[dict]) -> dict:
         "cases": len(rows),
         "max_abs_error_pts": max(errs) if errs else None,
         "mean_abs_error_pts": sum(errs) / len(errs) if errs else None,
+    }
+
+
+def error_pts(row: dict, side: str) -> float:
+    return 100 * (row[side]["goodput"] - row["engine"]["goodput"])
+
+
+def noise_bands(rows: list[dict]) -> dict:
+    """Per (N, workload): the engine's goodput gap, in points, between a case and its repeat."""
+    noise = {}
+    for r in rows:
+        if r["repeat"]:
+            orig = next(
+                o
+                for o in rows
+                if not o["repeat"]
+                and (o["n"], o["workload"], o["load"], o["router"])
+                == (r["n"], r["workload"], r["load"], r["router"])
+            )
+            gap = 100 * abs(r["engine"]["goodput"] - orig["engine"]["goodput"])
+            noise[f"n{r['n']}_{r['workload']}"] = gap
+    return noise
+
+
+def ranking(rs: list[dict], side: str, band: float) -> dict:
+    """The routers' goodput order on the engine and on ``side`` at one load."""
+    order = {
+        k: [x["router"] for x in sorted(rs, key=lambda x: -x[k]["goodput"])]
+        for k in ("engine", side)
+    }
+    eng = {x["router"]: x["engine"]["goodput"] for x in rs}
+    # a pair whose engine goodputs are within the band is a tie: either order agrees
+    agree = all(
+        (eng[a] - eng[b]) * 100 <= band or order[side].index(a) < order[side].index(b)
+        for i, a in enumerate(order["engine"])
+        for b in order["engine"][i + 1 :]
+    )
+    return {
+        "band_pts": band,
+        "engine_order": order["engine"],
+        "sim_order": order[side],
+        "same_order": order["engine"] == order[side],
+        "agrees_up_to_ties": agree,
+        "max_abs_error_pts": max(abs(error_pts(x, side)) for x in rs),
     }
 
 
@@ -385,6 +422,9 @@ def _conditions() -> dict:
         "routers": list(ROUTERS),
         "sim_cost_model": "engine-fitted, to every case's co-located steps at the "
         "same replica count",
+        "sim_shared_device_cost_model": "engine-fitted to one replica alone on the GPU "
+        f"(calibration/h200_{MODEL}_online.csv.gz), every replica's steps serialized on one "
+        "shared device",
         "sim_loop": "pipelined, arrivals between steps",
     }
 

@@ -135,19 +135,35 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def fidelity_page(doc: dict) -> str:
-    s = doc["summary"]
+    s, d = doc["summary"], doc["summary_shared_device"]
     return "\n".join(
         [
             "# Cluster simulator against co-located engine replicas\n",
             json.dumps(doc["conditions"]) + "\n",
             _case_table(doc["cases"]),
             "",
+            "Router order, simulator fitted to the co-located steps:\n",
             _ranking_table(s["rankings"]),
             "",
-            f"Cases within max(2 pts, noise band): {s['cases_within_band']} of {s['cases']}; "
-            f"largest error {s['max_abs_error_pts']:.1f} pts; noise band (repeat) "
+            "Router order, isolated replica's model on one shared device:\n",
+            _ranking_table(d["rankings"]),
+            "",
+            _summary_line("Fitted to the co-located steps", s),
+            _summary_line("Isolated model on a shared device", d),
+            f"Noise band (repeat): "
             f"{json.dumps({k: round(v, 1) for k, v in s['noise_band_pts'].items()})}.\n",
         ]
+    )
+
+
+def _summary_line(label: str, s: dict) -> str:
+    return (
+        f"{label}: cases within max(2 pts, noise band) {s['cases_within_band']} of "
+        f"{s['cases']}; mean |error| {s['mean_abs_error_pts']:.1f} pts, largest "
+        f"{s['max_abs_error_pts']:.1f} pts; router order agrees up to ties at "
+        f"{sum(k['agrees_up_to_ties'] for k in s['rankings'])} of {len(s['rankings'])} loads, "
+        f"best router the same at "
+        f"{sum(k['engine_order'][0] == k['sim_order'][0] for k in s['rankings'])}.\n"
     )
 
 
@@ -155,6 +171,7 @@ def _case_table(cases: list[dict]) -> str:
     rows = []
     for r in cases:
         e, s, o = r["engine"], r["sim"], r["sim_other_workload_fit"]
+        d = r["sim_shared_device"]
         rows.append(
             [
                 r["n"],
@@ -165,8 +182,11 @@ def _case_table(cases: list[dict]) -> str:
                 f"{s['goodput']:.3f}",
                 f"{r['goodput_error_pts']:+.1f}",
                 f"{o['goodput']:.3f}",
+                f"{d['goodput']:.3f}",
+                f"{r['goodput_error_pts_shared_device']:+.1f}",
                 f"{e['prefix_hit_rate']:.2f} / {s['prefix_hit_rate']:.2f}",
-                f"{1e3 * e['itl_p99']:.1f} / {1e3 * s['itl_p99']:.1f}",
+                _ms(e, s, d, "itl_mean"),
+                _ms(e, s, d, "itl_p99"),
             ]
         )
     head = [
@@ -178,10 +198,18 @@ def _case_table(cases: list[dict]) -> str:
         "sim goodput",
         "error pts",
         "sim (other-workload fit)",
+        "sim (shared device)",
+        "error pts (shared device)",
         "hit rate eng / sim",
-        "p99 ITL ms eng / sim",
+        "mean ITL ms eng / sim / shared",
+        "p99 ITL ms eng / sim / shared",
     ]
     return table(head, rows)
+
+
+def _ms(*sides_and_key) -> str:  # noqa: ANN002
+    *sides, key = sides_and_key
+    return " / ".join(f"{1e3 * x[key]:.1f}" for x in sides)
 
 
 def _ranking_table(rankings: list[dict]) -> str:

@@ -34,6 +34,8 @@ class ReplicaSpec:
         cost_model, cost_model_options: the simulator's step-cost model; ``engine_fitted``
             without a ``path`` reads ``calibration/h200_<shape>_online.csv.gz``.
         max_num_batched_tokens, max_num_seqs, max_model_len: the scheduler's limits.
+        device: the GPU it shares with the replicas naming the same one (co-located: their
+            steps' device work serialized, ``simulator.shared_device``); None: its own GPU.
     """
 
     shape: str = "qwen2.5-7b"
@@ -46,6 +48,7 @@ class ReplicaSpec:
     max_num_batched_tokens: int = 2048
     max_num_seqs: int = 256
     max_model_len: int = 8192
+    device: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.num_blocks, int) or self.num_blocks < 1:
@@ -70,7 +73,7 @@ class ReplicaSpec:
             max_model_len=self.max_model_len,
         )
         policy = make_policy(self.policy, **self.policy_options)
-        return ReplicaSetup(config, policy, cache[key], shape, predictor, None)
+        return ReplicaSetup(config, policy, cache[key], shape, predictor, None, self.device)
 
 
 def build_router(

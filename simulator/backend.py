@@ -14,6 +14,7 @@ from horizon.plan import StepPlan, StepResult
 from horizon.serving_loop import Clock, InFlight
 from horizon.trace_stop import TraceStop
 from simulator.cost_model import CostModel
+from simulator.shared_device import SharedDevice
 
 
 class SimBackend:
@@ -21,7 +22,10 @@ class SimBackend:
 
     A cost model with a ``wake_delay(step, now) -> float`` method models the engine's host
     work before a plan: consulted after an idle sleep (and the run's start), or before every
-    plan when ``pipelined`` (see ``simulator.Simulation``)."""
+    plan when ``pipelined`` (see ``simulator.Simulation``).
+
+    ``device``: a GPU this replica shares with others (``simulator.shared_device``); a step's
+    device work then waits until the device is free, and its duration includes the wait."""
 
     advances_clock = True
 
@@ -31,8 +35,12 @@ class SimBackend:
         event_mode: bool = True,
         clock: Clock | None = None,
         pipelined: bool = False,
+        device: SharedDevice | None = None,
     ) -> None:
+        if device is not None and clock is None:
+            raise ValueError("SimBackend.device needs the clock")
         self.cost_model = cost_model
+        self.device = device
         self.clock = clock
         self.pipelined = pipelined
         self._stop = TraceStop(event_mode)
@@ -41,6 +49,14 @@ class SimBackend:
         self._last_end: float | None = None
 
     def execute(self, plan: StepPlan) -> StepResult:
+        finished = self._stop.finished(plan)
+        duration = self.cost_model.step_time(plan)
+        if self.device is not None:
+            now = self.clock.now()  # type: ignore[union-attr]
+            duration = self.device.reserve(now, duration) - now
+        return StepResult(duration=duration, finished=tuple(finished))
+
+    def _price(self, plan: StepPlan) -> StepResult:
         finished = self._stop.finished(plan)
         return StepResult(duration=self.cost_model.step_time(plan), finished=tuple(finished))
 
@@ -54,10 +70,13 @@ class SimBackend:
 
     def submit(self, plan: StepPlan) -> InFlight:
         assert self.clock is not None, "a pipelined SimBackend needs the clock"
-        result = self.execute(plan)
+        result = self._price(plan)
         now = self.clock.now()
         start = now if self._last_end is None else max(now, self._last_end)
-        end = start + max(result.duration, 0.0)
+        if self.device is None:
+            end = start + max(result.duration, 0.0)
+        else:
+            end = self.device.reserve(start, result.duration)
         self._last_end = None if plan.is_empty else end
         return InFlight(plan, result, end=end, late_end=False)
 
@@ -66,4 +85,6 @@ class SimBackend:
         return self.clock.until(step.end) if step.end > self.clock.now() else None
 
     def check_integrity(self) -> None:
-        """Stateless between steps: nothing to check."""
+        """Stateless between steps but for the shared device's bookings."""
+        if self.device is not None:
+            self.device.check_integrity()

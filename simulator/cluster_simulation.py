@@ -32,13 +32,16 @@ from horizon.scheduler_config import SchedulerConfig
 from horizon.serving_loop import serve
 from simulator.backend import SimBackend
 from simulator.cost_model import CostModel
+from simulator.shared_device import SharedDevice
 from simulator.simulation import SimClock
 
 
 @dataclass(frozen=True, eq=False)
 class ReplicaSetup:
     """One replica's parts: its scheduler config, its own policy object (never shared), its
-    cost model, and optionally its model shape, a predictor (for views) and a label."""
+    cost model, and optionally its model shape, a predictor (for views), a label and the name
+    of the GPU it runs on: replicas naming the same ``device`` share one GPU, their steps'
+    device work serialized (``simulator.shared_device``); ``None``: a GPU of its own."""
 
     config: SchedulerConfig
     policy: Policy
@@ -46,6 +49,7 @@ class ReplicaSetup:
     shape: ModelShape | None = None
     predictor: object = None
     name: str | None = None
+    device: str | None = None
 
 
 class ClusterSimulation:
@@ -92,13 +96,17 @@ class ClusterSimulation:
         ]
         self.cluster = Cluster(reps, router, view_delay, self.clock.now)
         self.inboxes = [Inbox(env, arrivals_at_step_boundaries) for _ in reps]
+        names = sorted({s.device for s in replicas if s.device is not None})
+        self.devices = {d: SharedDevice(d) for d in names}
         self.backends = [self._backend(s, r, pipelined) for s, r in zip(replicas, reps)]
         self._open_loop_done = False
 
     def _backend(self, setup: ReplicaSetup, replica: Replica, pipelined: bool):  # noqa: ANN202
         """The replica's SimBackend, observed when a step's end matters to someone (the
         replica's predictor or history, or sessions waiting for a turn to finish)."""
-        sim = SimBackend(setup.cost_model, setup.config.step_mode == "event", self.clock, pipelined)
+        device = None if setup.device is None else self.devices[setup.device]
+        event = setup.config.step_mode == "event"
+        sim = SimBackend(setup.cost_model, event, self.clock, pipelined, device)
         if not (replica.needs_steps or self.release.open):
             return sim
         return ObservedBackend(sim, self.clock, self._observer(replica))
@@ -130,6 +138,8 @@ class ClusterSimulation:
         def check() -> None:  # after a step's update: the replica, the router, the routing
             replica.check_integrity()
             self.cluster.router.check_integrity()
+            for d in self.devices.values():
+                d.check_integrity()
 
         return check
 
@@ -193,6 +203,8 @@ class ClusterSimulation:
             rep.scheduler.finish_run()
             rep.scheduler.check_integrity()
             parts.append(rep.scheduler.recorder.build())
+        for d in self.devices.values():
+            d.check_integrity()
         size = max(self.all_ids, default=-1) + 1
         assignment = np.full(size, -1, dtype=np.int64)
         routed = self.cluster.assignment
