@@ -10,7 +10,7 @@ Pure Python + numpy at import time; the data and tokenizer packages are imported
 loader needs them.
 """
 
-from horizon.workload import arrivals
+from horizon.workload import arrivals, patterns
 from horizon.workload.arrivals import gamma, poisson, replay
 from horizon.workload.azure_trace import AzureTrace, load_azure_trace
 from horizon.workload.builder import Workload, build_workload
@@ -18,6 +18,7 @@ from horizon.workload.chat_template import ChatTemplate
 from horizon.workload.config import ARRIVALS, MODES, SOURCES, WorkloadConfig
 from horizon.workload.filters import DROP_REASONS, LengthFilter
 from horizon.workload.hash_trace import load_hash_trace
+from horizon.workload.patterns import RatePattern
 from horizon.workload.sessions import Session, SessionConfig, build_sessions, session_requests
 from horizon.workload.shared_prefix import (
     GROUP_POPULARITIES,
@@ -43,6 +44,7 @@ __all__ = [
     "AzureTrace",
     "ChatTemplate",
     "LengthFilter",
+    "RatePattern",
     "Session",
     "SessionConfig",
     "ShareGPTCorpus",
@@ -60,6 +62,7 @@ __all__ = [
     "load_hash_trace",
     "load_sharegpt",
     "load_tokenizer",
+    "patterns",
     "poisson",
     "replay",
     "session_requests",
