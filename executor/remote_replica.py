@@ -29,6 +29,8 @@ class RemoteReplica:
         num_blocks, block_size, token_budget, prefix_caching: its engine's pool and scheduler.
     """
 
+    role = "mixed"  # the engine driver runs co-located replicas (no P/D roles yet)
+
     def __init__(
         self,
         index: int,

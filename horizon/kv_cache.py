@@ -71,8 +71,9 @@ class KVCacheManager:
             return []
         hit = self.pool.match(self._prompt_hashes(req))
         # A recompute (G >= 1) keeps two tokens to compute, else it would look like a decode
-        # that never emitted (see the scheduler's ``_chunk``).
-        keep = 2 if req.num_output_tokens else 1
+        # that never emitted (see the scheduler's ``_chunk``); so does a request to hand off
+        # (its last prompt token is computed on the decode replica).
+        keep = 2 if req.num_output_tokens or req.handoff else 1
         return hit[: (req.num_tokens - keep) // self.block_size]
 
     # -- mutation ------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ import numpy as np
 
 from horizon.metrics.records import (
     STATUS_FINISHED,
+    STATUS_HANDED_OFF,
     STATUS_REJECTED,
     STATUS_UNFINISHED,
     RunRecords,
@@ -72,6 +73,18 @@ class Recorder:
             r.admit_time = now
         r.cached += cached_tokens
         r.high_water = max(r.high_water, cached_tokens)
+
+    def admit_import(self, req: Request, now: float) -> None:
+        """Admission at ``now`` of a request whose KV was transferred here (disaggregation):
+        its transferred tokens were computed elsewhere, so recomputing them here is waste."""
+        r = self._recs[req.request_id]
+        if math.isnan(r.admit_time):
+            r.admit_time = now
+        r.high_water = max(r.high_water, req.num_computed_tokens)
+
+    def hand_off(self, req: Request) -> None:
+        """Prefilled here, handed to a decode replica."""
+        self._recs[req.request_id].status = STATUS_HANDED_OFF
 
     def compute(self, req: Request, start: int, n: int) -> None:
         """``n`` tokens computed from position ``start`` (a prefill chunk)."""

@@ -37,6 +37,7 @@ class RequestStatus(enum.Enum):
     RUNNING = "running"
     FINISHED = "finished"
     REJECTED = "rejected"
+    TRANSFERRING = "transferring"  # prefilled on one replica, its KV on the way to another
 
 
 @dataclass(frozen=True)
@@ -105,6 +106,7 @@ class Request:
         "num_preemptions",
         "admit_seq",
         "sched",
+        "handoff",
     )
 
     def __init__(
@@ -147,6 +149,9 @@ class Request:
         self.num_preemptions = 0
         self.admit_seq = -1  # order of the latest admission, set by the scheduler
         self.sched: object = None  # scheduler-private bookkeeping slot
+        # disaggregated serving: compute all but the prompt's last token here, then hand the
+        # KV to a decode replica (set by the cluster when it routes to a prefill replica)
+        self.handoff = False
 
     # -- counters (exact at every read) ------------------------------------------------------
     def _drift(self) -> int:

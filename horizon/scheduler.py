@@ -18,6 +18,7 @@ Two step modes give identical records (a test compares them byte for byte):
 from __future__ import annotations
 
 import heapq
+from collections import deque
 from collections.abc import Sequence
 
 from horizon.block_pool import BlockPool
@@ -85,6 +86,13 @@ class Scheduler:
         # prefills' remaining tokens (what a router reads as a replica's queued prefill)
         self.queued_prefill_tokens = 0
         self.tokens_emitted = 0  # output tokens emitted by every step so far
+        # disaggregation (see the section below): prefilled requests holding their blocks here
+        # until their KV is transferred; and, on a decode replica, requests whose blocks are
+        # reserved for a transfer in flight (importing) or whose KV has arrived (ready)
+        self._handed: dict[int, Request] = {}
+        self._new_handoffs: list[tuple[Request, float]] = []  # with the update's time
+        self._importing: dict[int, Request] = {}
+        self._ready: deque[Request] = deque()
 
     # -- arrivals --------------------------------------------------------------------------------
     def add(self, req: Request) -> None:
@@ -100,6 +108,10 @@ class Scheduler:
             return
         self._enqueue(req, req.arrival_time)
 
+    def never_fits(self, req: Request) -> str:
+        """Why ``req`` could never run here ("" if it could): the reason ``add`` rejects with."""
+        return self._never_fits(req)
+
     def _never_fits(self, req: Request) -> str:
         cfg = self.config
         total = req.num_prompt_tokens + req.max_output_tokens
@@ -111,17 +123,17 @@ class Scheduler:
 
     def _enqueue(self, req: Request, now: float) -> None:
         req.status = RequestStatus.WAITING
-        self.queued_prefill_tokens += req.num_tokens_to_compute
+        self.queued_prefill_tokens += req.num_tokens_to_compute - req.handoff
         heapq.heappush(self._waiting, (self.policy.waiting_key(req, now), self._seq, req))
         self._seq += 1
 
     @property
     def num_waiting(self) -> int:
-        return len(self._waiting)
+        return len(self._waiting) + len(self._ready)
 
     @property
     def has_work(self) -> bool:
-        return bool(self.running or self._waiting)
+        return bool(self.running or self._waiting or self._ready)
 
     # -- schedule --------------------------------------------------------------------------------
     def schedule(self, now: float) -> StepPlan:
@@ -143,6 +155,8 @@ class Scheduler:
         prefills: list[tuple[Request, int]] = []
         if self._prefilling:
             budget = self._schedule_prefills(budget, prefills, preempted)
+        if self._ready:
+            budget = self._admit_imports(now, budget, prefills)
         if self._waiting:
             self._admit(now, budget, prefills)
         if preempted:  # a victim may have been given a chunk earlier in this step
@@ -167,7 +181,7 @@ class Scheduler:
             prefill_attention_pairs=pairs,
             prefill_context_tokens=context,
             num_running=len(self.running),
-            num_waiting=len(self._waiting),
+            num_waiting=self.num_waiting,
             kv_used_blocks=self.pool.num_used,
             token_budget=self.config.max_num_batched_tokens,
             num_refreshed=refreshed,
@@ -240,7 +254,7 @@ class Scheduler:
                 break
             if r.status is not RequestStatus.RUNNING:
                 continue  # preempted as a victim in this loop
-            n = _chunk(r.num_tokens_to_compute, r.num_output_tokens, budget)
+            n = _chunk(r.num_tokens_to_compute - r.handoff, r.num_output_tokens, budget)
             if n == 0:
                 continue
             if not self._allocate(r, self.kv.num_blocks_needed(r, n), preempted):
@@ -259,7 +273,7 @@ class Scheduler:
                 break
             hit = kv.prefix_hit(r)
             cached = len(hit) * bs
-            n = _chunk(r.num_tokens - cached, r.num_output_tokens, budget)
+            n = _chunk(r.num_tokens - cached - r.handoff, r.num_output_tokens, budget)
             if n == 0:
                 break
             need = -(-(cached + n) // bs) - len(hit)
@@ -272,17 +286,21 @@ class Scheduler:
                 kv.allocate(r, need)
             r.set_computed(cached)
             self.queued_prefill_tokens -= cached
-            r.status = RequestStatus.RUNNING
-            r.admit_seq = self._admit_seq
-            self._admit_seq += 1
-            self.running[r.request_id] = r
-            self._prefilling[r.request_id] = r
-            reserve = self.policy.reserve_tokens(r)
-            if reserve:
-                self.ledger.add(r.request_id, -(-reserve // bs), len(kv.blocks_of(r)))
+            self._start(r)
             self.recorder.admit(r, now, cached)
             prefills.append((r, n))
             budget -= n
+
+    def _start(self, r: Request) -> None:
+        """``r`` (its blocks allocated) starts running in prefill, with its reservation."""
+        r.status = RequestStatus.RUNNING
+        r.admit_seq = self._admit_seq
+        self._admit_seq += 1
+        self.running[r.request_id] = r
+        self._prefilling[r.request_id] = r
+        reserve = self.policy.reserve_tokens(r)
+        if reserve:
+            self.ledger.add(r.request_id, -(-reserve // self._bs), len(self.kv.blocks_of(r)))
 
     def _allocate(self, r: Request, k: int, preempted: list[Request]) -> bool:
         """Give ``r`` ``k`` more blocks, preempting policy-chosen victims until it fits.
@@ -301,7 +319,7 @@ class Scheduler:
         if self._event and rid in self._decoding:
             self.recorder.close_run(r, self.clock.step - 1)
         if rid in self._prefilling:
-            self.queued_prefill_tokens -= r.num_tokens_to_compute
+            self.queued_prefill_tokens -= r.num_tokens_to_compute - r.handoff
         self._remove_running(r)
         r.reset_for_recompute(0)
         self._enqueue(r, self._now)
@@ -335,6 +353,8 @@ class Scheduler:
                 del self._prefilling[r.request_id]
                 entered.append(r)
             self.kv.register_computed(r)
+            if r.handoff and r.num_tokens_to_compute == 1:
+                self._hand_off(r, now)
         self.queued_prefill_tokens -= plan.num_prefill_tokens
         self.tokens_emitted += len(plan.decodes) + len(entered)
         if not self._event:
@@ -378,6 +398,95 @@ class Scheduler:
         self._ctx_base += drift
         self._residue[drift % self._bs][r.request_id] = r
 
+    # -- disaggregation -------------------------------------------------------------------------
+    # A request routed to a prefill replica (``handoff`` set) computes all but its prompt's last
+    # token there and is handed off: it leaves the running set, keeps its blocks, and waits in
+    # ``take_handoffs`` for the cluster. A decode replica reserves its blocks before the
+    # transfer (``reserve_import``), is told when the KV has arrived (``finish_import``) and
+    # then admits it ahead of waiting requests: its one remaining prompt token emits the first
+    # output token. Once the transfer is done the prefill replica frees the blocks
+    # (``release_handoff``; prompt blocks stay in its prefix cache).
+
+    def _hand_off(self, r: Request, now: float) -> None:
+        rid = r.request_id
+        del self.running[rid]
+        self._prefilling.pop(rid, None)
+        self.ledger.drop(rid)
+        r.status = RequestStatus.TRANSFERRING
+        r.handoff = False  # from here on it is to be decoded
+        self._handed[rid] = r
+        self._new_handoffs.append((r, now))
+        self.recorder.hand_off(r)
+
+    def take_handoffs(self) -> list[tuple[Request, float]]:
+        """Requests handed off since the last call (their blocks still held here), each with
+        the time its step's update was given (in the simulator, the step's end: KV ready)."""
+        out, self._new_handoffs = self._new_handoffs, []
+        return out
+
+    def release_handoff(self, r: Request) -> int:
+        """``r``'s KV has been transferred: free its blocks here; returns how many it held."""
+        del self._handed[r.request_id]
+        return self.kv.free(r)
+
+    def import_blocks(self, r: Request) -> int:
+        """Blocks ``r`` needs here: its transferred KV and its remaining prompt token."""
+        return -(-(r.num_computed_tokens + 1) // self._bs)
+
+    def can_import(self, r: Request) -> bool:
+        """Whether ``r``'s blocks can be reserved now (free blocks, never preempting)."""
+        return not self._never_fits(r) and self.import_blocks(r) <= self.pool.num_free
+
+    def reserve_import(self, r: Request) -> None:
+        """Reserve ``r``'s blocks before its KV is transferred here (``can_import`` held)."""
+        assert r.status is RequestStatus.TRANSFERRING and r.request_id not in self._importing
+        if not self.kv.allocate(r, self.import_blocks(r)):
+            raise RuntimeError(f"request {r.request_id}: reserve_import without can_import")
+        self._importing[r.request_id] = r
+        self.recorder.arrive(r)
+
+    def finish_import(self, r: Request) -> None:
+        """``r``'s KV has arrived: it is admitted ahead of waiting requests."""
+        del self._importing[r.request_id]
+        r.status = RequestStatus.WAITING
+        self._ready.append(r)
+        self.queued_prefill_tokens += 1
+
+    def _admit_imports(self, now: float, budget: int, prefills: list[tuple[Request, int]]) -> int:
+        """Start arrived imports, oldest first, while budget and seats allow."""
+        ready, max_seqs = self._ready, self.config.max_num_seqs
+        while ready and budget > 0 and len(self.running) < max_seqs:
+            r = ready.popleft()
+            self._start(r)
+            self.recorder.admit_import(r, now)
+            prefills.append((r, 1))
+            budget -= 1
+        return budget
+
+    @property
+    def num_handed_off(self) -> int:
+        """Prefilled requests whose KV is still held here for a transfer."""
+        return len(self._handed)
+
+    @property
+    def num_importing(self) -> int:
+        """Requests with blocks reserved here for a transfer (in flight or arrived)."""
+        return len(self._importing) + len(self._ready)
+
+    def _check_transfers(self) -> None:
+        bs, kv = self._bs, self.kv
+        for rid, r in self._handed.items():
+            assert r.status is RequestStatus.TRANSFERRING and rid not in self.running
+            assert len(kv.blocks_of(r)) == -(-r.num_computed_tokens // bs), f"handed {rid}"
+            assert r.num_tokens_to_compute == 1, f"handed-off request {rid} is not prefilled"
+        for rid, r in self._importing.items():
+            assert r.status is RequestStatus.TRANSFERRING and rid not in self.running
+            assert len(kv.blocks_of(r)) == self.import_blocks(r), f"importing {rid}"
+        for r in self._ready:
+            assert r.status is RequestStatus.WAITING and r.num_tokens_to_compute == 1
+            assert len(kv.blocks_of(r)) == self.import_blocks(r), f"ready {r.request_id}"
+        assert not set(self._handed) & set(self._importing)
+
     # -- end of run ------------------------------------------------------------------------------
     def finish_run(self) -> None:
         """Close open token runs of requests still running when the run is cut off."""
@@ -403,8 +512,11 @@ class Scheduler:
         assert set(self._decoding) <= set(self.running)
         for _, _, r in self._waiting:
             assert r.status is RequestStatus.WAITING and not self.kv.blocks_of(r)
-        queued = sum(r.num_tokens_to_compute for _, _, r in self._waiting) + sum(
-            r.num_tokens_to_compute for r in self._prefilling.values()
+        self._check_transfers()
+        queued = (
+            sum(r.num_tokens_to_compute - r.handoff for _, _, r in self._waiting)
+            + sum(r.num_tokens_to_compute - r.handoff for r in self._prefilling.values())
+            + len(self._ready)
         )
         assert queued == self.queued_prefill_tokens, (
             f"queued prefill tokens {self.queued_prefill_tokens} != {queued}"

@@ -38,6 +38,11 @@ class SchedulerConfig:
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ValueError(f"SchedulerConfig.{name} must be an int >= 1, got {v!r}")
+        if self.max_num_batched_tokens < 2:
+            raise ValueError(
+                "SchedulerConfig.max_num_batched_tokens must be >= 2: a recompute prefill's "
+                f"last chunk covers two tokens (got {self.max_num_batched_tokens})"
+            )
         if self.max_num_batched_tokens < self.max_num_seqs:
             raise ValueError(
                 "SchedulerConfig.max_num_batched_tokens must be >= max_num_seqs so that every "

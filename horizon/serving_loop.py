@@ -103,15 +103,18 @@ def serve(
     check_every: int = 0,
     check_on_idle: bool = False,
     check: Callable[[], None] | None = None,
+    after_update: Callable[[], None] | None = None,
 ) -> Waits:
     """Serve ``arrivals`` until all are done, nothing can ever run, or ``end`` (the first step
     boundary at or after it). ``check_every``: ``check()`` (default
     ``sched.check_integrity``) every that many steps, after the step's update;
-    ``check_on_idle``: the scheduler's and the backend's whenever the loop goes idle.
+    ``check_on_idle``: the scheduler's and the backend's whenever the loop goes idle;
+    ``after_update()``: after every step's update (a cluster collects handed-off requests).
     Returns the number of requests left waiting that nothing could ever run (stalled)."""
     loop = _Loop(sched, backend, arrivals, clock, check_every, check_on_idle)
     if check is not None:
         loop.check = check
+    loop.after_update = after_update
     return (yield from loop.run(end))
 
 
@@ -120,6 +123,7 @@ class _Loop:
         self.sched, self.backend, self.arrivals, self.clock = sched, backend, arrivals, clock
         self.check_every, self.check_on_idle = check_every, check_on_idle
         self.check = sched.check_integrity
+        self.after_update: Callable[[], None] | None = None
 
     # ``t`` is read from the clock once after each step (and each wait) and planned with, as a
     # real engine reads its clock: the next plan is made at the time the last step's update saw.
@@ -128,8 +132,10 @@ class _Loop:
         sched, backend, arrivals, now = self.sched, self.backend, self.arrivals, self.clock.now
         host_delay, advances = backend.host_delay, backend.advances_clock
         check_every, pipelined = self.check_every, backend.pipelined
+        after = self.after_update
         woke = True  # the run's start counts as a wake-up
         flight: InFlight | None = None  # pipelined: the step submitted and not yet read
+        replan = False  # the last plan was empty with nothing running: plan once more at once
         t = now()
         while t < end:
             arrivals.admit(sched, t)
@@ -154,12 +160,16 @@ class _Loop:
                     yield self.clock.sleep(result.duration)
                 t = now()
                 sched.update(plan, result, t)
+                if after is not None:
+                    after()
             else:
                 if flight is not None and backend.drains_before(plan):
                     yield from self._retire(flight)
                     flight = None
                 step = backend.submit(plan)
                 sched.update(plan, step.result, now() if step.end is None else step.end)
+                if after is not None:
+                    after()
                 if flight is not None:  # the step before: inline, as it is every step's
                     waitable = backend.wait(flight)
                     if waitable is not None:
@@ -173,12 +183,20 @@ class _Loop:
                 t = now()
             if check_every and plan.step % check_every == 0:
                 self.check()
-            if plan.is_empty and not sched.running:  # nothing is admitted until an arrival
+            # nothing is admitted until an arrival; but a policy may hold one admission pass
+            # (vLLM's after a preemption), so an empty plan is first made again at once
+            if plan.is_empty and not sched.running:
+                if not replan:
+                    replan = True
+                    continue
+                replan = False
                 stalled, slept = yield from self._until_admissible(t, end)
                 if stalled is not None:
                     return stalled
                 if slept:
                     t, woke = now(), True
+            else:
+                replan = False
         if flight is not None:
             yield from self._retire(flight)
         return 0

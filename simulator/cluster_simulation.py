@@ -9,6 +9,9 @@ O(prompt blocks) per replica for a router that reads prefix hits); nothing scans
 
 Closed-loop sessions (``horizon.cluster.SessionRelease``): a turn's successor is scheduled when
 the turn's finishing step ends, at that time plus the think time.
+
+Prefill/decode disaggregation (replicas with roles ``prefill`` and ``decode``, a decode router
+and a KV link): ``simulator.cluster_transfers`` places handoffs and moves their KV.
 """
 
 from __future__ import annotations
@@ -31,7 +34,9 @@ from horizon.scheduler import Scheduler
 from horizon.scheduler_config import SchedulerConfig
 from horizon.serving_loop import serve
 from simulator.backend import SimBackend
+from simulator.cluster_transfers import TransferDriver
 from simulator.cost_model import CostModel
+from simulator.kv_link import LinkSpec
 from simulator.shared_device import SharedDevice
 from simulator.simulation import SimClock
 
@@ -39,9 +44,10 @@ from simulator.simulation import SimClock
 @dataclass(frozen=True, eq=False)
 class ReplicaSetup:
     """One replica's parts: its scheduler config, its own policy object (never shared), its
-    cost model, and optionally its model shape, a predictor (for views), a label and the name
-    of the GPU it runs on: replicas naming the same ``device`` share one GPU, their steps'
-    device work serialized (``simulator.shared_device``); ``None``: a GPU of its own."""
+    cost model, and optionally its model shape, a predictor (for views), a label, the name
+    of the GPU it runs on (replicas naming the same ``device`` share one GPU, their steps
+    serialized: ``simulator.shared_device``; ``None``: a GPU of its own) and its role
+    (``mixed``, or ``prefill`` / ``decode`` for disaggregated serving)."""
 
     config: SchedulerConfig
     policy: Policy
@@ -50,6 +56,7 @@ class ReplicaSetup:
     predictor: object = None
     name: str | None = None
     device: str | None = None
+    role: str = "mixed"
 
 
 class ClusterSimulation:
@@ -63,6 +70,8 @@ class ClusterSimulation:
         view_delay: seconds by which the router's views lag (0: live).
         max_time, check_every, arrivals_at_step_boundaries, pipelined: as
             ``simulator.Simulation``'s, for every replica.
+        decode_router, kv_link: for disaggregated replicas, the router that places a
+            handed-off request on a decode replica and the link its KV crosses.
     """
 
     def __init__(
@@ -76,6 +85,8 @@ class ClusterSimulation:
         check_every: int = 0,
         arrivals_at_step_boundaries: bool = False,
         pipelined: bool = False,
+        decode_router: Router | None = None,
+        kv_link: LinkSpec | None = None,
     ) -> None:
         if max_time is not None and not (math.isfinite(max_time) and max_time > 0):
             raise ValueError(f"max_time must be a finite number > 0, got {max_time!r}")
@@ -90,16 +101,33 @@ class ClusterSimulation:
         self.all_ids = [r.request_id for r in self.open_loop] + [
             r.request_id for s in sessions for r in s.requests
         ]
+        now = self.clock.now
         reps = [
-            Replica(i, Scheduler(s.config, s.policy), s.shape, s.predictor, s.name, self.clock.now)
+            Replica(i, Scheduler(s.config, s.policy), s.shape, s.predictor, s.name, now, s.role)
             for i, s in enumerate(replicas)
         ]
-        self.cluster = Cluster(reps, router, view_delay, self.clock.now)
-        self.inboxes = [Inbox(env, arrivals_at_step_boundaries) for _ in reps]
+        self.cluster = Cluster(reps, router, view_delay, now, decode_router=decode_router)
+        self.inboxes = [Inbox(env, arrivals_at_step_boundaries, r.scheduler) for r in reps]
+        self.transfers = self._transfers(replicas, kv_link)
+        self._prefill_loops = sum(r.role == "prefill" for r in reps)
         names = sorted({s.device for s in replicas if s.device is not None})
         self.devices = {d: SharedDevice(d) for d in names}
         self.backends = [self._backend(s, r, pipelined) for s, r in zip(replicas, reps)]
         self._open_loop_done = False
+
+    def _transfers(self, setups: Sequence[ReplicaSetup], link: LinkSpec | None):  # noqa: ANN202
+        if self.cluster.handoffs is None:
+            return None
+        if link is None:
+            raise ValueError("ClusterSimulation.kv_link is needed for prefill/decode replicas")
+        shapes = [s.shape for s in setups]
+        return TransferDriver(self.env, self.cluster, shapes, link, self._arrived)
+
+    def _arrived(self, t) -> None:  # noqa: ANN001 - a Transfer whose KV is in
+        dst = self.cluster.replicas[t.dst]
+        self.inboxes[t.dst].push_import(t.request, dst.scheduler)
+        self.inboxes[t.src].freed()  # its blocks are back: waiting requests may fit now
+        self._maybe_done()
 
     def _backend(self, setup: ReplicaSetup, replica: Replica, pipelined: bool):  # noqa: ANN202
         """The replica's SimBackend, observed when a step's end matters to someone (the
@@ -130,9 +158,14 @@ class ClusterSimulation:
 
     def _replica(self, replica: Replica, backend, inbox: Inbox):  # noqa: ANN202
         sched, every = replica.scheduler, self.check_every
+        hook = None if self.transfers is None else self.transfers.after_update(replica.index)
+        check = self._check(replica)
         yield from serve(
-            sched, backend, inbox, self.clock, self.end, every, check=self._check(replica)
+            sched, backend, inbox, self.clock, self.end, every, check=check, after_update=hook
         )
+        if replica.role == "prefill":
+            self._prefill_loops -= 1
+            self._maybe_done()
 
     def _check(self, replica: Replica):  # noqa: ANN202
         def check() -> None:  # after a step's update: the replica, the router, the routing
@@ -140,6 +173,8 @@ class ClusterSimulation:
             self.cluster.router.check_integrity()
             for d in self.devices.values():
                 d.check_integrity()
+            if self.transfers is not None:
+                self.transfers.check_integrity()
 
         return check
 
@@ -191,8 +226,14 @@ class ClusterSimulation:
         return on_step
 
     def _maybe_done(self) -> None:
-        if self._open_loop_done and self.release.done:
-            for box in self.inboxes:
+        """Sources closed: close every inbox; a decode replica's only once no prefill replica
+        runs and no handoff is pending or in flight."""
+        if not (self._open_loop_done and self.release.done):
+            return
+        handoffs = self.cluster.handoffs
+        feeding = handoffs is not None and (self._prefill_loops > 0 or not handoffs.idle)
+        for rep, box in zip(self.cluster.replicas, self.inboxes):
+            if not (feeding and rep.role == "decode"):
                 box.close()
 
     def _records(self) -> ClusterRecords:
@@ -212,17 +253,24 @@ class ClusterSimulation:
             routed.values(), np.int64, len(routed)
         )
         names = tuple(r.name for r in self.cluster.replicas)
-        return ClusterRecords(tuple(parts), assignment, self.cluster.route_wall_s, names)
+        handoffs = self.cluster.handoffs
+        transfers = None if handoffs is None else handoffs.table()
+        wall = self.cluster.route_wall_s + (0.0 if handoffs is None else handoffs.route_wall_s)
+        return ClusterRecords(tuple(parts), assignment, wall, names, transfers)
 
 
 class Inbox:
     """A replica's arrivals: requests the router sent it, handed to its scheduler at once, or
-    (``hold``) at the loop's next step boundary; exhausted once the cluster's sources close."""
+    (``hold``) at the loop's next step boundary; exhausted once the cluster's sources close and
+    its scheduler holds no blocks for a transfer (they come back when the transfer is done)."""
 
-    def __init__(self, env: simpy.Environment, hold: bool) -> None:
+    def __init__(self, env: simpy.Environment, hold: bool, sched: Scheduler) -> None:
         self.env = env
+        self.sched = sched
         self.hold = hold
         self.held: list[Request] = []
+        self.imports: list[Request] = []  # held: handed-off requests whose KV is in
+        self.fresh = False  # the scheduler changed since the loop last admitted (a transfer)
         self.closed = False
         self._wake: simpy.Event | None = None
 
@@ -233,8 +281,23 @@ class Inbox:
             sched.add(r)
         self._notify()
 
+    def push_import(self, r: Request, sched: Scheduler) -> None:
+        """``r``'s KV has arrived here (disaggregation): the scheduler admits it, at once or at
+        the loop's next step boundary."""
+        if self.hold:
+            self.imports.append(r)
+        else:
+            sched.finish_import(r)
+            self.fresh = True
+        self._notify()
+
     def close(self) -> None:
         self.closed = True
+        self._notify()
+
+    def freed(self) -> None:
+        """Blocks held for a transfer were released: the loop plans again."""
+        self.fresh = True
         self._notify()
 
     def _notify(self) -> None:
@@ -242,20 +305,27 @@ class Inbox:
             self._wake.succeed()
 
     def admit(self, sched: Scheduler, now: float) -> None:
+        self.fresh = False
+        if self.imports:
+            for r in self.imports:
+                sched.finish_import(r)
+            self.imports.clear()
         if self.held:
             for r in self.held:
                 sched.add(r)
             self.held.clear()
 
     def due(self, now: float) -> bool:
-        return bool(self.held)
+        return bool(self.held or self.imports) or self.fresh
 
     @property
     def exhausted(self) -> bool:
-        return self.closed and not self.held
+        return (
+            self.closed and not self.held and not self.imports and not self.sched.num_handed_off
+        )
 
     def wait(self, now: float, end: float) -> simpy.Event:
         self._wake = self.env.event()
-        if self.closed:
+        if self.exhausted:
             self._wake.succeed()
         return self._wake

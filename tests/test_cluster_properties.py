@@ -28,7 +28,7 @@ def _setups(rng: random.Random, n: int, block_size: int) -> list[ReplicaSetup]:
             num_blocks=rng.randint(4, 48),
             block_size=block_size,
             max_num_seqs=seqs,
-            max_num_batched_tokens=seqs + rng.randint(0, 40),
+            max_num_batched_tokens=max(2, seqs + rng.randint(0, 40)),
             max_model_len=10_000,
             enable_prefix_caching=rng.random() < 0.8,
         )

@@ -39,7 +39,7 @@ def test_random_workloads_keep_every_invariant_and_both_modes_agree(scale):
                 num_blocks=num_blocks,
                 block_size=block_size,
                 max_num_seqs=max_seqs,
-                max_num_batched_tokens=max_seqs + extra_budget,
+                max_num_batched_tokens=max(2, max_seqs + extra_budget),
                 max_model_len=10_000,
                 enable_prefix_caching=prefix,
                 step_mode=mode,

@@ -7,12 +7,18 @@
 * ``Cluster`` (``cluster.py``): replicas, a router and views; routes every arrival once.
 * ``ObservedBackend`` (``observed_backend.py``): tells a replica of each step on any backend.
 * ``SessionRelease`` (``sessions.py``): closed-loop multi-turn arrivals.
-* ``ClusterRecords`` and metrics (``records.py``, ``metrics.py``).
+* ``ClusterRecords`` and metrics (``records.py``, ``metrics.py``, ``disagg_metrics.py``).
+* ``Handoffs`` (``handoffs.py``): prefill/decode disaggregation, KV moved between replicas.
+* ``Autoscaler`` and ``FleetView`` (``autoscaler.py``): decisions only, built-in ones in
+  ``autoscalers/`` by name through ``make_autoscaler``.
 
 The simulator (``simulator.cluster_simulation``) and the engine's driver run the same objects.
 """
 
+from horizon.cluster.autoscaler import Autoscaler, FleetView
+from horizon.cluster.autoscalers import AUTOSCALERS, autoscaler_names, make_autoscaler
 from horizon.cluster.cluster import Cluster
+from horizon.cluster.handoffs import ROLES, Handoffs, Transfer
 from horizon.cluster.observed_backend import ObservedBackend
 from horizon.cluster.records import ClusterRecords, merge_records
 from horizon.cluster.replica import Replica, Snapshot
@@ -23,9 +29,14 @@ from horizon.cluster.stale_view import StaleView
 from horizon.cluster.view import LiveView, PromptHashes, ReplicaView
 
 __all__ = [
+    "AUTOSCALERS",
+    "ROLES",
     "ROUTERS",
+    "Autoscaler",
     "Cluster",
     "ClusterRecords",
+    "FleetView",
+    "Handoffs",
     "LiveView",
     "ObservedBackend",
     "PromptHashes",
@@ -35,8 +46,11 @@ __all__ = [
     "SessionRelease",
     "Snapshot",
     "StaleView",
+    "Transfer",
     "argmin",
+    "autoscaler_names",
     "least_loaded_index",
+    "make_autoscaler",
     "make_router",
     "merge_records",
     "router_names",

@@ -4,6 +4,12 @@
 ``view_delay`` seconds stale), tells that replica it accepted the request and returns its index;
 the caller (a backend's driver) hands the request to that replica's arrivals. The cluster keeps
 the assignment of every request and the routing's own wall time.
+
+Disaggregated (some replica's ``role`` is ``prefill``): the router chooses among the prefill
+and mixed replicas, a request sent to a prefill replica is marked for handoff, and
+``handoffs`` (``horizon.cluster.handoffs``) moves it to a decode replica that ``decode_router``
+chooses; a one-token prompt goes straight to a decode replica (it has nothing to prefill), and
+so does one no decode replica could ever hold (which rejects it, with the reason).
 """
 
 from __future__ import annotations
@@ -11,6 +17,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 
+from horizon.cluster.handoffs import Handoffs
 from horizon.cluster.replica import Replica
 from horizon.cluster.router import Router
 from horizon.cluster.stale_view import StaleView
@@ -29,6 +36,8 @@ class Cluster:
         live: read the replicas' schedulers directly (needs ``view_delay == 0``); None: live
             iff ``view_delay == 0``. False with delay 0: views read the replicas' latest
             reports (a driver whose replicas run elsewhere, as the engine's).
+        decode_router: chooses the decode replica of a handed-off request (needed iff some
+            replica's role is ``prefill``).
     """
 
     def __init__(
@@ -38,6 +47,7 @@ class Cluster:
         view_delay: float = 0.0,
         now: Callable[[], float] | None = None,
         live: bool | None = None,
+        decode_router: Router | None = None,
     ) -> None:
         if not replicas:
             raise ValueError("Cluster.replicas must hold at least one replica")
@@ -61,9 +71,20 @@ class Cluster:
             self.views = tuple(StaleView(r, self.hashes, view_delay, clock) for r in replicas)
         else:
             self.views = tuple(LiveView(r, self.hashes) for r in replicas)
-        self.assignment: dict[int, int] = {}  # request id -> replica index
+        self.assignment: dict[int, int] = {}  # request id -> replica index (first stage)
         self.route_wall_s = 0.0
+        self.handoffs = self._disaggregation(decode_router)
 
+    def _disaggregation(self, decode_router: Router | None) -> Handoffs | None:
+        roles = [r.role for r in self.replicas]
+        self.first_views = tuple(v for v, role in zip(self.views, roles) if role != "decode")
+        if "prefill" not in roles:
+            if "decode" in roles:
+                raise ValueError("Cluster: decode replicas need prefill replicas to feed them")
+            return None
+        if decode_router is None:
+            raise ValueError("Cluster.decode_router is needed when replicas have roles")
+        return Handoffs(self.replicas, self.views, decode_router)
     def route(self, request: Request, now: float) -> int:
         """The replica ``request`` goes to (recorded; the replica is told).
 
@@ -73,15 +94,21 @@ class Cluster:
         rid = request.request_id
         if rid in self.assignment:
             raise ValueError(f"request {rid} was already routed")
+        views, router = self.first_views, self.router
+        h = self.handoffs
+        if h is not None and (request.num_prompt_tokens < 2 or h.never_fits(request)):
+            views, router = h.decode_views, h.router
         t0 = time.perf_counter()
-        i = self.router.route(request, self.views, now)
+        k = router.route(request, views, now)
         self.route_wall_s += time.perf_counter() - t0
-        if not isinstance(i, int) or not 0 <= i < len(self.replicas):
+        if not isinstance(k, int) or not 0 <= k < len(views):
             raise ValueError(
-                f"router {self.router.name!r} returned {i!r} for request {rid}; "
-                f"expected an int in 0..{len(self.replicas) - 1}"
+                f"router {router.name!r} returned {k!r} for request {rid}; "
+                f"expected an int in 0..{len(views) - 1}"
             )
+        i = views[k].index
         replica = self.replicas[i]
+        request.handoff = replica.role == "prefill"
         replica.accept(request, now)
         known = self.hashes.known(request, replica.block_size)
         if known is not None:  # computed for a view: the replica need not hash again
@@ -98,6 +125,9 @@ class Cluster:
         for r in self.replicas:
             r.check_integrity()
         self.router.check_integrity()
+        if self.handoffs is not None:
+            self.handoffs.check_integrity()
+            self.handoffs.router.check_integrity()
         counts = [0] * len(self.replicas)
         for i in self.assignment.values():
             counts[i] += 1

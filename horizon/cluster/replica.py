@@ -47,6 +47,8 @@ class Replica:
             mean of each routed request's output feeds ``predicted_pending_tokens``.
         name: its label (default ``replica<index>``).
         clock: ``now()`` of the run (a live view's ``time``).
+        role: ``mixed`` (serves requests end to end), ``prefill`` or ``decode``
+            (disaggregated serving, ``horizon.cluster.handoffs``).
     """
 
     def __init__(
@@ -57,7 +59,11 @@ class Replica:
         predictor: object = None,
         name: str | None = None,
         clock: Callable[[], float] | None = None,
+        role: str = "mixed",
     ) -> None:
+        if role not in ("mixed", "prefill", "decode"):
+            raise ValueError(f"Replica.role must be mixed, prefill or decode, got {role!r}")
+        self.role = role
         self.index = index
         self.scheduler = scheduler
         self.shape = shape
@@ -65,6 +71,7 @@ class Replica:
         self.name = name or f"replica{index}"
         self.now = clock or (lambda: 0.0)
         self.routed = 0
+        self.imported = 0  # handed-off requests placed here for decoding
         self._pred: dict[int, tuple[float, int]] = {}  # unfinished rid -> (mean output, prompt)
         self._pred_sum = 0.0  # predicted outputs of unfinished requests
         self._prompt_sum = 0  # prompts of unfinished predicted requests
@@ -82,6 +89,18 @@ class Replica:
     def accept(self, request: Request, now: float) -> None:
         """``request`` was routed here at ``now`` (the caller hands it to the scheduler)."""
         self.routed += 1
+        self._predict(request)
+
+    def accept_import(self, request: Request) -> None:
+        """A handed-off ``request`` will decode here (its blocks are reserved)."""
+        self.imported += 1
+        self._predict(request)
+
+    def leave(self, request: Request) -> None:
+        """``request`` was handed off to another replica."""
+        self._leave(request)
+
+    def _predict(self, request: Request) -> None:
         if self.predictor is not None:
             mean = float(self.predictor.predict(request).mean)
             self._pred[request.request_id] = (mean, request.num_prompt_tokens)
@@ -180,4 +199,4 @@ class Replica:
         want = sum(m for m, _ in self._pred.values())
         assert math.isclose(self._pred_sum, want, rel_tol=1e-9, abs_tol=1e-6), "predicted sum"
         assert self._prompt_sum == sum(p for _, p in self._pred.values()), "predicted prompts"
-        assert self.routed >= len(self._pred)
+        assert self.routed + self.imported >= len(self._pred)

@@ -29,6 +29,7 @@ from horizon.metrics.latency import (
 )
 from horizon.metrics.records import (
     STATUS_FINISHED,
+    STATUS_HANDED_OFF,
     STATUS_REJECTED,
     STATUS_UNFINISHED,
     RunRecords,
@@ -52,6 +53,7 @@ from horizon.metrics.waste import (
 
 __all__ = [
     "STATUS_FINISHED",
+    "STATUS_HANDED_OFF",
     "STATUS_REJECTED",
     "STATUS_UNFINISHED",
     "RunRecords",

@@ -7,7 +7,8 @@ Per request (arrays of length N, ordered by request_id):
 
     request_id, arrival_time, num_prompt_tokens, true_output_tokens, max_output_tokens,
     num_output_tokens      tokens actually emitted (== true_output_tokens iff finished)
-    status                 STATUS_FINISHED / STATUS_REJECTED / STATUS_UNFINISHED
+    status                 STATUS_FINISHED / STATUS_REJECTED / STATUS_UNFINISHED, or
+                           STATUS_HANDED_OFF on a prefill replica (decoded on another)
     reject_reason          list[str], "" unless rejected
     ttft_slo, itl_slo      the request's SLO in seconds (NaN: none given)
     first_admit_time       first admission (NaN if never admitted): queue wait = this - arrival
@@ -45,6 +46,7 @@ from horizon.metrics.column_codec import decode_columns, encode_columns
 STATUS_FINISHED = 0
 STATUS_REJECTED = 1
 STATUS_UNFINISHED = 2
+STATUS_HANDED_OFF = 3  # prefilled here and handed to a decode replica (disaggregated serving)
 
 # Per-step plan columns beyond prefill_tokens / decode_tokens (added in records v3).
 STEP_PLAN_COLUMNS = (

@@ -1,0 +1,166 @@
+"""Prefill/decode disaggregation: the cluster's side of moving a prefilled request's KV.
+
+Replica roles (``Replica.role``): ``mixed`` serves a request end to end; ``prefill`` computes a
+routed request's prompt but its last token and hands it off; ``decode`` takes handed-off requests
+(and, directly, prompts of one token). The protocol, on any backend:
+
+1. A prefill replica's scheduler hands a request off after the step that computed it
+   (``Scheduler.take_handoffs``): its blocks stay held there. ``collect`` queues it, pending.
+2. ``place`` gives each pending request, oldest first, a decode replica chosen by the decode
+   router among the decode replicas that can reserve its blocks now (``Scheduler.can_import``;
+   the router sees only those); the blocks are reserved there (``reserve_import``) and a
+   ``Transfer`` starts. A request no decode replica can fit stays pending (it never lands where
+   it cannot fit); the driver calls ``place`` again when decode replicas free blocks.
+3. The backend moves the KV (modelled by the simulator's link model, copied by the engine) and
+   calls ``complete``: the prefill replica frees its blocks (prompt blocks stay in its prefix
+   cache). The driver then tells the decode replica (``Scheduler.finish_import``, at once or at
+   its next step boundary), which admits the request ahead of waiting ones: its last prompt
+   token emits the first output token there.
+
+So a request's blocks are held on its prefill replica alone while pending, on both during the
+transfer, and on its decode replica alone after it (``check_integrity``).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from horizon.cluster.replica import Replica
+from horizon.cluster.router import Router
+from horizon.cluster.view import ReplicaView
+from horizon.request import Request
+
+ROLES = ("mixed", "prefill", "decode")
+
+
+@dataclass(slots=True, eq=False)
+class Transfer:
+    """One request's KV moving from replica ``src`` to ``dst``: ``num_tokens`` tokens in
+    ``num_blocks`` blocks; handed off (KV ready) at ``ready``, placed (blocks reserved on
+    ``dst``, transfer started) at ``start``, arrived at ``end`` (NaN while in flight)."""
+
+    request: Request
+    src: int
+    dst: int
+    num_tokens: int
+    num_blocks: int
+    ready: float
+    start: float
+    end: float = math.nan
+
+
+TRANSFER_COLUMNS = ("request_id", "src", "dst", "num_tokens", "num_blocks", "ready", "start", "end")
+
+
+class Handoffs:
+    """Pending handoffs, transfers in flight and done (see the module docstring).
+
+    Args:
+        replicas: the cluster's replicas (their ``role`` decides who prefills and who decodes).
+        views: the cluster's views of them, in the same order.
+        router: the decode router (decisions only, over the fitting decode replicas' views).
+    """
+
+    def __init__(
+        self, replicas: Sequence[Replica], views: Sequence[ReplicaView], router: Router
+    ) -> None:
+        self.replicas = tuple(replicas)
+        self.router = router
+        self.decode_views = tuple(v for v, r in zip(views, replicas) if r.role == "decode")
+        if not self.decode_views:
+            raise ValueError("Cluster: prefill replicas need at least one decode replica")
+        self.pending: list[tuple[Request, int, float]] = []  # (request, src, ready)
+        self.in_flight: dict[int, Transfer] = {}
+        self.done: list[Transfer] = []
+        self.route_wall_s = 0.0
+
+    def never_fits(self, r: Request) -> bool:
+        """Whether no decode replica could ever hold ``r`` (it is then routed to one directly,
+        which rejects it with the reason)."""
+        return all(self.replicas[v.index].scheduler.never_fits(r) for v in self.decode_views)
+
+    def collect(self, src: int) -> int:
+        """Queue the requests replica ``src`` has handed off since the last call."""
+        got = self.replicas[src].scheduler.take_handoffs()
+        for r, ready in got:
+            self.replicas[src].leave(r)
+            self.pending.append((r, src, ready))
+        return len(got)
+
+    def place(self, now: float) -> list[Transfer]:
+        """Start a transfer for every pending request (oldest first) that a decode replica
+        can take now; returns the transfers started."""
+        started, kept = [], []
+        for r, src, ready in self.pending:
+            fits = [v for v in self.decode_views if self.replicas[v.index].scheduler.can_import(r)]
+            if not fits:
+                kept.append((r, src, ready))
+                continue
+            t0 = time.perf_counter()
+            k = self.router.route(r, fits, now)
+            self.route_wall_s += time.perf_counter() - t0
+            if not isinstance(k, int) or not 0 <= k < len(fits):
+                raise ValueError(
+                    f"decode router {self.router.name!r} returned {k!r} for request "
+                    f"{r.request_id}; expected an int in 0..{len(fits) - 1}"
+                )
+            started.append(self._start(r, src, fits[k].index, ready, now))
+        self.pending = kept
+        return started
+
+    def _start(self, r: Request, src: int, dst: int, ready: float, now: float) -> Transfer:
+        sched = self.replicas[dst].scheduler
+        sched.reserve_import(r)
+        self.replicas[dst].accept_import(r)
+        n = r.num_computed_tokens
+        t = Transfer(r, src, dst, n, -(-n // sched.pool.block_size), ready, max(now, ready))
+        self.in_flight[r.request_id] = t
+        return t
+
+    def complete(self, t: Transfer, now: float) -> None:
+        """``t``'s KV has arrived at ``now``: free it on its source (the driver then calls the
+        target's ``finish_import``)."""
+        del self.in_flight[t.request.request_id]
+        t.end = now
+        self.replicas[t.src].scheduler.release_handoff(t.request)
+        self.done.append(t)
+
+    @property
+    def idle(self) -> bool:
+        return not self.pending and not self.in_flight
+
+    def table(self) -> dict[str, np.ndarray]:
+        """Every transfer (done, then in flight) as columns ``TRANSFER_COLUMNS``."""
+        ts = self.done + list(self.in_flight.values())
+        rows = [
+            (t.request.request_id, t.src, t.dst, t.num_tokens, t.num_blocks)
+            + (t.ready, t.start, t.end)
+            for t in ts
+        ]
+        a = np.array(rows, dtype=np.float64).reshape(-1, len(TRANSFER_COLUMNS))
+        out = {c: a[:, i] for i, c in enumerate(TRANSFER_COLUMNS)}
+        for c in ("request_id", "src", "dst", "num_tokens", "num_blocks"):
+            out[c] = out[c].astype(np.int64)
+        return out
+
+    def check_integrity(self) -> None:
+        """Blocks sit where the protocol says: pending on the source only, in flight on both,
+        done on neither source (freed) nor anywhere but its target or finished."""
+        for r, src, _ in self.pending:
+            assert self.replicas[src].scheduler.kv.blocks_of(r), f"pending {r.request_id}"
+            self._held_only_on(r, {src})
+        for t in self.in_flight.values():
+            self._held_only_on(t.request, {t.src, t.dst})
+            assert t.end != t.end, "a transfer in flight has an end"  # NaN
+        for t in self.done:
+            assert not self.replicas[t.src].scheduler.kv.blocks_of(t.request) or t.src == t.dst
+
+    def _held_only_on(self, r: Request, where: set[int]) -> None:
+        for i, rep in enumerate(self.replicas):
+            held = bool(rep.scheduler.kv.blocks_of(r))
+            assert held == (i in where), f"request {r.request_id}: blocks on replica {i}: {held}"
