@@ -3,7 +3,10 @@ model, the engine's pipelined loop), ShareGPT first turns with Poisson arrivals 
 times one replica's measured capacity, 100,000 requests, ``least_loaded``, one core.
 
     python -m experiments.bench_cluster [--router NAME] [--replicas 16] [--requests 100000]
-        [--load 0.9] [--repeat 1] [--view-delay 0]
+        [--load 0.9] [--repeat 1] [--view-delay 0] [--prefill 0]
+
+``--prefill P``: disaggregated, P prefill replicas and the rest decode replicas (decode router
+``least_kv``, KV over NVLink), the load still 90% of N times one mixed replica's capacity.
 
 The packaged ShareGPT corpus holds fewer usable first turns than 100,000: requests are drawn
 from them with replacement (seeded), so equal prompts recur and a prefix-aware router finds
@@ -47,6 +50,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--load", type=float, default=0.9, help="fraction of N x one's capacity")
     ap.add_argument("--view-delay", type=float, default=0.0, help="stale views, seconds")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--prefill", type=int, default=0, help="prefill replicas (0: all mixed)")
     ap.add_argument("--repeat", type=int, default=1, help="timed runs; wall_s is their median")
     ap.add_argument("--cache", default=str(REPO / "data" / "cache" / "sharegpt_qwen2.npz"))
     return ap.parse_args(argv)
@@ -94,7 +98,14 @@ def _capacity(pool: list[RequestSpec], config: SchedulerConfig, cost_model) -> f
 
 
 def _run(args, requests, config, cost_model) -> tuple[object, float, float]:  # noqa: ANN001
-    setups = [ReplicaSetup(config, make_policy("fcfs"), cost_model) for _ in range(args.replicas)]
+    from simulator.kv_link import link_spec
+
+    p = args.prefill
+    roles = ["prefill"] * p + ["decode"] * (args.replicas - p) if p else ["mixed"] * args.replicas
+    shape = model_shape("qwen2.5-7b")
+    setups = [
+        ReplicaSetup(config, make_policy("fcfs"), cost_model, shape, role=role) for role in roles
+    ]
     sim = ClusterSimulation(
         requests,
         setups,
@@ -102,6 +113,8 @@ def _run(args, requests, config, cost_model) -> tuple[object, float, float]:  # 
         view_delay=args.view_delay,
         pipelined=True,
         arrivals_at_step_boundaries=True,
+        decode_router=make_router("least_kv") if p else None,
+        kv_link=link_spec("nvlink") if p else None,
     )
     t0, c0 = time.perf_counter(), time.process_time()
     rec = sim.run()
@@ -139,6 +152,7 @@ def _result(args, rec, walls, capacity, rate, pool_size) -> dict:  # noqa: ANN00
     return {
         "replicas": args.replicas,
         "router": args.router,
+        "prefill_replicas": args.prefill,
         "requests": args.requests,
         "simulated_s": round(simulated, 3),
         "wall_s": round(wall, 3),

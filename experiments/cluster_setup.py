@@ -19,6 +19,7 @@ from horizon.workload.builder import fresh_copy
 from horizon.workload.sessions import Session
 from simulator import gpu_spec, make_cost_model
 from simulator.cluster_simulation import ClusterSimulation, ReplicaSetup
+from simulator.kv_link import LinkSpec
 
 CALIBRATION = "calibration/h200_{shape}_online.csv.gz"
 
@@ -36,6 +37,7 @@ class ReplicaSpec:
         max_num_batched_tokens, max_num_seqs, max_model_len: the scheduler's limits.
         device: the GPU it shares with the replicas naming the same one (co-located: their
             steps' device work serialized, ``simulator.shared_device``); None: its own GPU.
+        role: ``mixed``, or ``prefill`` / ``decode`` (disaggregated serving).
     """
 
     shape: str = "qwen2.5-7b"
@@ -49,6 +51,7 @@ class ReplicaSpec:
     max_num_seqs: int = 256
     max_model_len: int = 8192
     device: str | None = None
+    role: str = "mixed"
 
     def __post_init__(self) -> None:
         if not isinstance(self.num_blocks, int) or self.num_blocks < 1:
@@ -73,7 +76,9 @@ class ReplicaSpec:
             max_model_len=self.max_model_len,
         )
         policy = make_policy(self.policy, **self.policy_options)
-        return ReplicaSetup(config, policy, cache[key], shape, predictor, None, self.device)
+        return ReplicaSetup(
+            config, policy, cache[key], shape, predictor, None, self.device, self.role
+        )
 
 
 def build_router(
@@ -105,8 +110,11 @@ def simulate_cluster(
     sessions: Sequence[Session] = (),
     view_delay: float = 0.0,
     max_time: float | None = None,
+    decode_router: Router | None = None,
+    kv_link: LinkSpec | None = None,
 ):  # noqa: ANN201 - ClusterRecords
-    """One run on the engine's loop (pipelined, arrivals between steps), fresh copies in."""
+    """One run on the engine's loop (pipelined, arrivals between steps), fresh copies in;
+    ``decode_router`` and ``kv_link`` for disaggregated replicas."""
     return ClusterSimulation(
         [fresh_copy(r) for r in requests],
         replicas,
@@ -116,4 +124,6 @@ def simulate_cluster(
         max_time=max_time,
         pipelined=True,
         arrivals_at_step_boundaries=True,
+        decode_router=decode_router,
+        kv_link=kv_link,
     ).run()
