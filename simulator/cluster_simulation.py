@@ -33,6 +33,7 @@ from horizon.request import Request
 from horizon.scheduler import Scheduler
 from horizon.scheduler_config import SchedulerConfig
 from horizon.serving_loop import serve
+from simulator.autoscaling import AutoscaleConfig, AutoscaleDriver
 from simulator.backend import SimBackend
 from simulator.cluster_transfers import TransferDriver
 from simulator.cost_model import CostModel
@@ -72,6 +73,8 @@ class ClusterSimulation:
             ``simulator.Simulation``'s, for every replica.
         decode_router, kv_link: for disaggregated replicas, the router that places a
             handed-off request on a decode replica and the link its KV crosses.
+        autoscaler, autoscale: an autoscaler over the replicas (the most it may provision)
+            and its settings (``simulator.autoscaling``); None: every replica always on.
     """
 
     def __init__(
@@ -87,6 +90,8 @@ class ClusterSimulation:
         pipelined: bool = False,
         decode_router: Router | None = None,
         kv_link: LinkSpec | None = None,
+        autoscaler=None,  # noqa: ANN001 - horizon.cluster.Autoscaler
+        autoscale: AutoscaleConfig | None = None,
     ) -> None:
         if max_time is not None and not (math.isfinite(max_time) and max_time > 0):
             raise ValueError(f"max_time must be a finite number > 0, got {max_time!r}")
@@ -110,6 +115,10 @@ class ClusterSimulation:
         self.inboxes = [Inbox(env, arrivals_at_step_boundaries, r.scheduler) for r in reps]
         self.transfers = self._transfers(replicas, kv_link)
         self._prefill_loops = sum(r.role == "prefill" for r in reps)
+        self.autoscale = None
+        if autoscaler is not None:
+            cfg = autoscale or AutoscaleConfig()
+            self.autoscale = AutoscaleDriver(env, self.cluster, autoscaler, cfg)
         names = sorted({s.device for s in replicas if s.device is not None})
         self.devices = {d: SharedDevice(d) for d in names}
         self.backends = [self._backend(s, r, pipelined) for s, r in zip(replicas, reps)]
@@ -143,6 +152,8 @@ class ClusterSimulation:
     def run(self) -> ClusterRecords:
         env = self.env
         env.process(self._arrivals())
+        if self.autoscale is not None:
+            env.process(self.autoscale.run())
         procs = [
             env.process(self._replica(r, b, box))
             for r, b, box in zip(self.cluster.replicas, self.backends, self.inboxes)
@@ -175,6 +186,8 @@ class ClusterSimulation:
                 d.check_integrity()
             if self.transfers is not None:
                 self.transfers.check_integrity()
+            if self.autoscale is not None:
+                self.autoscale.check_integrity()
 
         return check
 
@@ -256,7 +269,8 @@ class ClusterSimulation:
         handoffs = self.cluster.handoffs
         transfers = None if handoffs is None else handoffs.table()
         wall = self.cluster.route_wall_s + (0.0 if handoffs is None else handoffs.route_wall_s)
-        return ClusterRecords(tuple(parts), assignment, wall, names, transfers)
+        fleet = None if self.autoscale is None else self.autoscale.summary(now)
+        return ClusterRecords(tuple(parts), assignment, wall, names, transfers, fleet)
 
 
 class Inbox:
@@ -320,9 +334,7 @@ class Inbox:
 
     @property
     def exhausted(self) -> bool:
-        return (
-            self.closed and not self.held and not self.imports and not self.sched.num_handed_off
-        )
+        return self.closed and not self.held and not self.imports and not self.sched.num_handed_off
 
     def wait(self, now: float, end: float) -> simpy.Event:
         self._wake = self.env.event()

@@ -77,6 +77,7 @@ class Cluster:
 
     def _disaggregation(self, decode_router: Router | None) -> Handoffs | None:
         roles = [r.role for r in self.replicas]
+        self.routable = [True] * len(self.replicas)
         self.first_views = tuple(v for v, role in zip(self.views, roles) if role != "decode")
         if "prefill" not in roles:
             if "decode" in roles:
@@ -85,6 +86,7 @@ class Cluster:
         if decode_router is None:
             raise ValueError("Cluster.decode_router is needed when replicas have roles")
         return Handoffs(self.replicas, self.views, decode_router)
+
     def route(self, request: Request, now: float) -> int:
         """The replica ``request`` goes to (recorded; the replica is told).
 
@@ -115,6 +117,20 @@ class Cluster:
             replica.seed_hashes(request, known)
         self.assignment[rid] = i
         return i
+
+    def set_routable(self, index: int, routable: bool) -> None:
+        """Offer replica ``index`` to the router or not (an autoscaler's starting and draining
+        replicas are not); the router sees only routable replicas' views."""
+        if self.routable[index] == routable:
+            return
+        self.routable[index] = routable
+        self.first_views = tuple(
+            v
+            for v, r, ok in zip(self.views, self.replicas, self.routable)
+            if ok and r.role != "decode"
+        )
+        if not self.first_views:
+            raise ValueError("Cluster: no routable replica left (min_replicas must be >= 1)")
 
     @property
     def num_routed(self) -> int:

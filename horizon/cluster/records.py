@@ -44,13 +44,15 @@ _TOKENS = ("token_times", "token_offsets")
 class ClusterRecords:
     """Per-replica records, the replica of each request id (``assignment``, -1: never arrived,
     e.g. a session's turn after a rejected one; disaggregated: its prefill replica), routing
-    figures, and the KV transfers of a disaggregated run (None otherwise)."""
+    figures, the KV transfers of a disaggregated run and the fleet of an autoscaled one (None
+    otherwise)."""
 
     replicas: tuple[RunRecords, ...]
     assignment: np.ndarray
     route_wall_s: float
     names: tuple[str, ...]
     transfers: dict[str, np.ndarray] | None = None
+    fleet: dict | None = None  # autoscaled runs: GPU-seconds, the fleet's timeline, decisions
 
     @property
     def num_replicas(self) -> int:
