@@ -109,7 +109,7 @@ def serve(
     boundary at or after it). ``check_every``: ``check()`` (default
     ``sched.check_integrity``) every that many steps, after the step's update;
     ``check_on_idle``: the scheduler's and the backend's whenever the loop goes idle;
-    ``after_update()``: after every step's update (a cluster collects handed-off requests).
+    ``after_update()``: once per step, after its update (a cluster collects handoffs).
     Returns the number of requests left waiting that nothing could ever run (stalled)."""
     loop = _Loop(sched, backend, arrivals, clock, check_every, check_on_idle)
     if check is not None:
@@ -124,6 +124,7 @@ class _Loop:
         self.check_every, self.check_on_idle = check_every, check_on_idle
         self.check = sched.check_integrity
         self.after_update: Callable[[], None] | None = None
+        self._empty_step = -2  # the step of the last empty plan planned again at once
 
     # ``t`` is read from the clock once after each step (and each wait) and planned with, as a
     # real engine reads its clock: the next plan is made at the time the last step's update saw.
@@ -131,11 +132,9 @@ class _Loop:
     def run(self, end: float) -> Waits:
         sched, backend, arrivals, now = self.sched, self.backend, self.arrivals, self.clock.now
         host_delay, advances = backend.host_delay, backend.advances_clock
-        check_every, pipelined = self.check_every, backend.pipelined
-        after = self.after_update
+        check_every, pipelined, after = self.check_every, backend.pipelined, self.after_update
         woke = True  # the run's start counts as a wake-up
         flight: InFlight | None = None  # pipelined: the step submitted and not yet read
-        replan = False  # the last plan was empty with nothing running: plan once more at once
         t = now()
         while t < end:
             arrivals.admit(sched, t)
@@ -160,16 +159,12 @@ class _Loop:
                     yield self.clock.sleep(result.duration)
                 t = now()
                 sched.update(plan, result, t)
-                if after is not None:
-                    after()
             else:
                 if flight is not None and backend.drains_before(plan):
                     yield from self._retire(flight)
                     flight = None
                 step = backend.submit(plan)
                 sched.update(plan, step.result, now() if step.end is None else step.end)
-                if after is not None:
-                    after()
                 if flight is not None:  # the step before: inline, as it is every step's
                     waitable = backend.wait(flight)
                     if waitable is not None:
@@ -181,22 +176,16 @@ class _Loop:
                     yield from self._retire(flight)
                     flight = None
                 t = now()
+            if after is not None:
+                after()
             if check_every and plan.step % check_every == 0:
                 self.check()
-            # nothing is admitted until an arrival; but a policy may hold one admission pass
-            # (vLLM's after a preemption), so an empty plan is first made again at once
-            if plan.is_empty and not sched.running:
-                if not replan:
-                    replan = True
-                    continue
-                replan = False
-                stalled, slept = yield from self._until_admissible(t, end)
+            if plan.is_empty and not sched.running:  # nothing is admitted until an arrival
+                stalled, slept = yield from self._until_admissible(t, end, plan.step)
                 if stalled is not None:
                     return stalled
                 if slept:
                     t, woke = now(), True
-            else:
-                replan = False
         if flight is not None:
             yield from self._retire(flight)
         return 0
@@ -216,16 +205,22 @@ class _Loop:
         return t
 
     def _until_admissible(
-        self, t: float, end: float
+        self, t: float, end: float, step: int
     ) -> Generator[Any, Any, tuple[int | None, bool]]:
-        """The policy admitted nothing and nothing runs: go on at once if an arrival is due,
-        stop if none will come (``(stalled count, False)``), else sleep until one does.
+        """The policy admitted nothing and nothing runs: plan once more at once unless the
+        previous plan was such an empty one too (a policy may hold one admission pass, as
+        vLLM's does after a preemption); go on at once if an arrival is due, stop if none
+        will come (``(stalled count, False)``), else sleep until one does.
         Returns ``(stalled count or None, whether it slept)``."""
+        if self._empty_step != step - 1:
+            self._empty_step = step
+            return None, False
         if self.arrivals.due(t):
             return None, False
         if self.arrivals.exhausted:
             return self.sched.num_waiting, False
         yield from self._idle(end)
+        self._empty_step = -2  # after a sleep, an empty plan is first made again
         return None, True
 
     def _idle(self, end: float) -> Generator[Any, Any, None]:
