@@ -56,8 +56,8 @@ class TransferDriver:
         if role == "prefill":
 
             def collected() -> None:
-                if handoffs.collect(index):
-                    ready = max(t for _, _, t in handoffs.pending)
+                ready = handoffs.collect(index)
+                if ready is not None:
                     self.env.process(self._place_at(ready))
 
             return collected

@@ -84,13 +84,14 @@ class Handoffs:
         which rejects it with the reason)."""
         return all(self.replicas[v.index].scheduler.never_fits(r) for v in self.decode_views)
 
-    def collect(self, src: int) -> int:
-        """Queue the requests replica ``src`` has handed off since the last call."""
+    def collect(self, src: int) -> float | None:
+        """Queue the requests replica ``src`` has handed off since the last call; returns the
+        latest time their KV is ready (None if there were none)."""
         got = self.replicas[src].scheduler.take_handoffs()
         for r, ready in got:
             self.replicas[src].leave(r)
             self.pending.append((r, src, ready))
-        return len(got)
+        return max(t for _, t in got) if got else None
 
     def place(self, now: float) -> list[Transfer]:
         """Start a transfer for every pending request (oldest first) that a decode replica
@@ -156,9 +157,9 @@ class Handoffs:
             self._held_only_on(r, {src})
         for t in self.in_flight.values():
             self._held_only_on(t.request, {t.src, t.dst})
-            assert t.end != t.end, "a transfer in flight has an end"  # NaN
+            assert math.isnan(t.end), "a transfer in flight has an end"
         for t in self.done:
-            assert not self.replicas[t.src].scheduler.kv.blocks_of(t.request) or t.src == t.dst
+            assert not self.replicas[t.src].scheduler.kv.blocks_of(t.request), "not freed"
 
     def _held_only_on(self, r: Request, where: set[int]) -> None:
         for i, rep in enumerate(self.replicas):
