@@ -206,13 +206,13 @@ def test_a_serial_run_has_arrivals_during_steps():
     the requests that arrived while it ran, which the engine's (queued between steps) does not.
     (A serial loop's: the pipelined loop, which the golden logs are, reads its queue after each
     step is submitted, so there the two coincide.)"""
-    e, rec = _live_engine_run(async_steps=False)
+    e, rec, arrivals = _live_engine_run(async_steps=False)
     from test_engine_offline import make_requests
 
     from horizon.policies import make_policy
 
     sim = Simulation(
-        make_requests(arrivals=LIVE_ARRIVALS),
+        make_requests(arrivals=arrivals),
         e.config.scheduler_config(e.num_blocks),
         make_policy("fcfs"),
         ReplayCostModel.from_records(rec),
@@ -300,9 +300,24 @@ def test_a_dropped_step_is_detected():
 LIVE_ARRIVALS = [0.0, 0.0, 0.06, 0.06 + 1e-6, 0.06 + 2e-4, 0.14, 0.14, 0.145]
 
 
+def _live_arrivals(e) -> list[float]:  # noqa: ANN001
+    """``LIVE_ARRIVALS`` with its gaps between groups stretched to this machine's speed: the
+    first group must be served before the second arrives (the run idles) on a slow CPU too.
+    The offsets within a group (1 us, 200 us) stay as they are."""
+    import time
+
+    from test_engine_offline import make_requests
+
+    e.run_offline(make_requests()[:2], "fcfs")  # warm: compiled, caches filled
+    t0 = time.perf_counter()
+    e.run_offline(make_requests()[:2], "fcfs")
+    scale = max(1.0, 1.5 * (time.perf_counter() - t0) / 0.06)
+    return [0.0 if t == 0 else round(t, 2) * scale + (t - round(t, 2)) for t in LIVE_ARRIVALS]
+
+
 def _live_engine_run(async_steps: bool):  # noqa: ANN202
-    """(engine, records) of a real online fcfs run of a tiny model on the CPU (wall clock),
-    in a KV pool small enough to preempt."""
+    """(engine, records, arrivals) of a real online fcfs run of a tiny model on the CPU (wall
+    clock), in a KV pool small enough to preempt."""
     import torch
     from test_engine_offline import engine, make_model, make_requests
 
@@ -310,18 +325,19 @@ def _live_engine_run(async_steps: bool):  # noqa: ANN202
     torch.set_num_threads(1)  # tiny matmuls: one thread is fastest
     try:
         e = engine(make_model(), num_blocks=14, async_steps=async_steps)
-        return e, e.run_online(make_requests(arrivals=LIVE_ARRIVALS), "fcfs")
+        arrivals = _live_arrivals(e)
+        return e, e.run_online(make_requests(arrivals=arrivals), "fcfs"), arrivals
     finally:
         torch.set_num_threads(threads)
 
 
-def _replay_live(e, replay: ReplayCostModel, pipelined: bool) -> RunRecords:  # noqa: ANN001
+def _replay_live(e, replay: ReplayCostModel, pipelined: bool, arrivals) -> RunRecords:  # noqa: ANN001
     from test_engine_offline import make_requests
 
     from horizon.policies import make_policy
 
     return Simulation(
-        make_requests(arrivals=LIVE_ARRIVALS),
+        make_requests(arrivals=arrivals),
         e.config.scheduler_config(e.num_blocks),
         make_policy("fcfs"),
         replay,
@@ -336,10 +352,10 @@ def test_a_live_cpu_engine_run_with_idle_gaps_replays_exactly():
     1 us after the one that woke it is queued before the plan) and preempts in its small KV
     pool: replayed, it gives the engine's records. (The golden log never idles after its first
     step.) The serial loop: each step's tokens read before the next is planned."""
-    e, rec = _live_engine_run(async_steps=False)
+    e, rec, arrivals = _live_engine_run(async_steps=False)
     assert (rec.step_start[1:] > rec.step_end[:-1]).sum() >= 2  # it idled and woke up
     replay = ReplayCostModel.from_records(rec)
-    sim = _replay_live(e, replay, pipelined=False)
+    sim = _replay_live(e, replay, pipelined=False, arrivals=arrivals)
     replay.check_complete()
     _assert_same_records(sim, rec)
 
@@ -348,17 +364,18 @@ def test_a_live_pipelined_cpu_engine_run_replays_exactly():
     """The same run on the pipelined engine (each step planned before the previous one's tokens
     are read): replayed through ``Simulation(pipelined=True)``, it gives the engine's records,
     so the simulator's plan-ahead loop is the engine's."""
-    e, rec = _live_engine_run(async_steps=True)
+    e, rec, arrivals = _live_engine_run(async_steps=True)
     assert (rec.step_start[1:] < rec.step_end[:-1]).sum() >= 10  # planned ahead
     assert rec.num_preemptions.sum() > 0
     replay = ReplayCostModel.from_records(rec, pipelined=True)
-    sim = _replay_live(e, replay, pipelined=True)
+    sim = _replay_live(e, replay, pipelined=True, arrivals=arrivals)
     replay.check_complete()
     _assert_same_records(sim, rec)
     with pytest.raises(ValueError, match="pipelined"):
         ReplayCostModel.from_records(rec)  # overlapping steps need the flag
     with pytest.raises(ReplayMismatch):  # a serial loop plans too late for this log
-        _replay_live(e, ReplayCostModel.from_records(rec, pipelined=True), pipelined=False)
+        late = ReplayCostModel.from_records(rec, pipelined=True)
+        _replay_live(e, late, pipelined=False, arrivals=arrivals)
 
 
 def test_bad_step_clocks_are_refused():
