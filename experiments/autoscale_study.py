@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from experiments.cluster_setup import ReplicaSpec, fresh_sessions
+from experiments.cluster_setup import ReplicaSpec
 from experiments.gain_stats import mean_ci
 from horizon.cluster import Autoscaler, make_autoscaler, make_router
 from horizon.request import SLO
@@ -124,7 +124,7 @@ def run_task(task: Task) -> dict:
     static = task.row == "static"
     delay = startup_delay(task.factor)
     rec = ClusterSimulation(
-        requests, setups, make_router("least_loaded"), sessions=fresh_sessions(()),
+        requests, setups, make_router("least_loaded"),
         pipelined=True, arrivals_at_step_boundaries=True, autoscaler=scaler,
         autoscale=AutoscaleConfig(INTERVAL_S, delay, 1, MAX_REPLICAS if static else INITIAL),
     ).run()  # fmt: skip

@@ -333,13 +333,11 @@ def compare_case(key: CaseKey, case: dict, models: dict, tokenized) -> dict:  # 
 
 
 def isolated_cost_model():  # noqa: ANN201 - EngineCostModel
-    """The engine-fitted model of one 0.5B replica alone on the H200 (``calibration/``)."""
-    from horizon.model_shape import model_shape
-    from simulator import gpu_spec, make_cost_model
+    """The engine-fitted model of one 0.5B replica alone on the H200 (its calibration file,
+    as ``ReplicaSpec`` picks it)."""
+    from experiments.cluster_setup import ReplicaSpec
 
-    path = REPO / "calibration" / f"h200_{MODEL}_online.csv.gz"
-    return make_cost_model("engine_fitted", shape=model_shape(MODEL), gpu=gpu_spec("H200"),
-                           path=str(path))  # fmt: skip
+    return ReplicaSpec(shape=MODEL, num_blocks=NUM_BLOCKS).setup().cost_model
 
 
 def summarize_rows(rows: list[dict], side: str = "sim") -> dict:

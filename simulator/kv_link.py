@@ -24,6 +24,7 @@ datasheet figure: ``measured_link`` reads the fit to the engine's measured block
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -75,8 +76,6 @@ LINKS = {
 def measured_link(path: str, shape: str, name: str = "same_gpu") -> LinkSpec:
     """The link fitted to measured KV block copies of model ``shape`` (a kv_transfer_bench
     JSON file): its latency and bandwidth."""
-    import json
-
     with open(path) as f:
         doc = json.load(f)
     if shape not in doc.get("shapes", {}):
