@@ -33,8 +33,10 @@ from typing import Any
 
 import numpy as np
 
+from executor.cluster_handoffs import EngineHandoffs
 from executor.cluster_worker import PolicySpec, RunCommand, WorkerSpec, request_to_wire, worker_main
 from executor.remote_replica import RemoteReplica
+from executor.remote_scheduler import RemoteScheduler
 from horizon.cluster import Cluster, ClusterRecords, SessionRelease, Snapshot
 from horizon.cluster.router import Router
 from horizon.policies.base import Policy
@@ -139,6 +141,25 @@ class EngineCluster:
         infos.update(self._await("ready", rest, self.start_timeout))
         self.infos = tuple(infos[i][0] for i in range(self.num_replicas))
         self.clock_checks = tuple(self._ping(i) for i in range(self.num_replicas))
+        if self.disaggregated:
+            self._connect_kv()
+
+    @property
+    def disaggregated(self) -> bool:
+        return any(s.role == "prefill" for s in self.specs)
+
+    def _connect_kv(self) -> None:
+        """Every decode worker opens every prefill worker's KV tensor (``executor.kv_copy``)."""
+        prefill = [i for i, s in enumerate(self.specs) if s.role == "prefill"]
+        decode = [i for i, s in enumerate(self.specs) if s.role == "decode"]
+        if not decode:
+            raise ValueError("EngineCluster: prefill workers need at least one decode worker")
+        for i in prefill:
+            self._inboxes[i].put(("share", len(decode)))
+        blobs = self._await("kv", prefill, 120.0)
+        for k, j in enumerate(decode):
+            self._inboxes[j].put(("peers", {i: blobs[i][0][k] for i in prefill}))
+        self._await("peered", decode, 120.0)
 
     def _ping(self, i: int) -> tuple[float, float, float]:
         """``(sent, worker's perf_counter, received)``; the worker's reading must lie between."""
@@ -215,6 +236,7 @@ class EngineCluster:
         max_time: float | None = None,
         predictor: object = None,
         check_every: int = 0,
+        decode_router: Router | None = None,
     ) -> ClusterRecords:
         """One cluster run on the wall clock; returns every replica's records and the routing.
 
@@ -230,6 +252,8 @@ class EngineCluster:
                 after it (later arrivals are not part of the run).
             predictor: each replica's predictor for its predicted-load figures (copied).
             check_every: each replica's ``scheduler.check_integrity()`` every that many steps.
+            decode_router: a disaggregated cluster's choice of decode replica for a handed-off
+                request (required iff some worker's role is ``prefill``; a fresh one per run).
 
         Raises:
             ValueError: a bad argument (named); RuntimeError: a worker failed.
@@ -238,11 +262,13 @@ class EngineCluster:
             raise ValueError("EngineCluster.run needs a router")
         if max_time is not None and not (math.isfinite(max_time) and max_time > 0):
             raise ValueError(f"max_time must be a finite number > 0, got {max_time!r}")
+        if max_time is not None and self.disaggregated:
+            raise ValueError("EngineCluster.run: max_time is not supported with prefill workers")
         policies = self._policies(policy)
         self.start()
         try:
             return self._run(requests, sessions, router, policies, view_delay, max_time,
-                             predictor, check_every)  # fmt: skip
+                             predictor, check_every, decode_router)  # fmt: skip
         except BaseException:
             self.close()
             raise
@@ -258,13 +284,14 @@ class EngineCluster:
         return [policy] * self.num_replicas
 
     def _run(  # noqa: ANN001 - run's arguments
-        self, requests, sessions, router, policies, view_delay, max_time, predictor, check_every
+        self, requests, sessions, router, policies, view_delay, max_time, predictor, check_every,
+        decode_router,
     ) -> ClusterRecords:
         for inbox, p in zip(self._inboxes, policies):
             cmd = RunCommand(p, predictor, max_time, check_every, self.poll_s)
             inbox.put(("run", cmd))
         self._await("armed", range(self.num_replicas), 120.0)
-        drive = _Drive(self, requests, sessions, router, view_delay, max_time)
+        drive = _Drive(self, requests, sessions, (router, decode_router), view_delay, max_time)
         records = drive.run()
         self.last_run = drive.info()
         return records
@@ -272,23 +299,36 @@ class EngineCluster:
     def _remote_replicas(self) -> list[RemoteReplica]:
         out = []
         for i, (spec, info) in enumerate(zip(self.specs, self.infos)):
-            out.append(RemoteReplica(i, spec.name or f"replica{i}", info["shape"],
-                                     info["num_blocks"], info["block_size"],
-                                     info["token_budget"], info["prefix_caching"]))  # fmt: skip
+            r = RemoteReplica(i, spec.name or f"replica{i}", info["shape"], info["num_blocks"],
+                              info["block_size"], info["token_budget"], info["prefix_caching"],
+                              spec.role)  # fmt: skip
+            if self.disaggregated:
+                free = lambda r=r: r.latest().kv_free_blocks  # noqa: E731
+                r.scheduler = RemoteScheduler(i, info["num_blocks"], info["block_size"],
+                                              info["max_model_len"], self._inboxes[i].put,
+                                              free)  # fmt: skip
+            out.append(r)
         return out
 
 
 class _Drive:
     """One run's driver loop (see the module docstring); single use."""
 
-    def __init__(self, ec: EngineCluster, requests, sessions, router, view_delay, max_time):  # noqa: ANN001
+    def __init__(self, ec: EngineCluster, requests, sessions, routers, view_delay, max_time):  # noqa: ANN001
         self.ec = ec
         self.clock = WallClock()  # its start is set when the run starts
         self.end = math.inf if max_time is None else max_time
         self.remotes = ec._remote_replicas()
-        self.cluster = Cluster(self.remotes, router, view_delay, self.clock.now, live=False)
+        router, decode_router = routers
+        self.cluster = Cluster(self.remotes, router, view_delay, self.clock.now, live=False,
+                               decode_router=decode_router)  # fmt: skip
         self.release = SessionRelease(sessions)
         self.turns = {r.request_id: r for s in sessions for r in s.requests}
+        self.handoffs = None
+        if self.cluster.handoffs is not None:
+            every = {r.request_id: r for r in requests} | self.turns
+            self.handoffs = EngineHandoffs(self.cluster, self.remotes, ec._inboxes, every,
+                                           self.clock.now)  # fmt: skip
         self.all_ids = [r.request_id for r in requests] + list(self.turns)
         self.heap = [(r.arrival_time, r.request_id, r) for r in requests]
         self.heap = [e for e in self.heap if e[0] <= self.end]  # later ones never arrive
@@ -305,13 +345,25 @@ class _Drive:
         for inbox in self.ec._inboxes:
             inbox.put(("start", start))
         self._serve()
-        for inbox in self.ec._inboxes:
-            inbox.put(("end",))
+        self._end_workers()
         while len(self.done) < len(self.remotes):
             self._wait(self.ec.poll_s)
         self.wall_s = time.perf_counter() - start
         self.cluster.check_integrity()
         return self._records()
+
+    def _end_workers(self) -> None:
+        """Tell the workers no more arrivals come: decode workers last, once every prefill
+        worker is done (its handoffs released) and no handoff is left to place."""
+        decode = [i for i, r in enumerate(self.remotes) if r.role == "decode"]
+        for i, inbox in enumerate(self.ec._inboxes):
+            if i not in decode:
+                inbox.put(("end",))
+        others = len(self.remotes) - len(decode)
+        while decode and not (self.handoffs.idle and len(self.done) == others):
+            self._wait(self.ec.poll_s)
+        for i in decode:
+            self.ec._inboxes[i].put(("end",))
 
     def _serve(self) -> None:
         clock, heap, end = self.clock, self.heap, self.end
@@ -368,6 +420,8 @@ class _Drive:
         if kind == "step":
             _, _, snap, events, finished, rejected, end = msg
             self.remotes[i].report(Snapshot(*snap), events)
+            if self.handoffs is not None:
+                self.handoffs.on_step(i, finished, rejected)
             release = self.release
             if release.open:
                 turns = self.turns
@@ -381,6 +435,12 @@ class _Drive:
                         release.dropped(turns[rid])
         elif kind == "done":
             self.done[i] = msg[2:]
+        elif kind == "handoffs" and self.handoffs is not None:
+            self.handoffs.on_handoffs(i, msg[2])
+        elif kind == "imported" and self.handoffs is not None:
+            self.handoffs.on_imported(i, *msg[2:])
+        elif kind == "refused" and self.handoffs is not None:
+            self.handoffs.on_refused(i, msg[2])
         elif kind == "error":
             raise RuntimeError(f"worker {i} failed:\n{msg[2]}")
         else:
@@ -395,7 +455,8 @@ class _Drive:
             routed.values(), np.int64, len(routed)
         )
         names = tuple(r.name for r in self.remotes)
-        return ClusterRecords(parts, assignment, self.cluster.route_wall_s, names)
+        transfers = self.handoffs.table() if self.handoffs is not None else None
+        return ClusterRecords(parts, assignment, self.cluster.route_wall_s, names, transfers)
 
     def info(self) -> RunInfo:
         workers = tuple(self.done[i][1] for i in range(len(self.remotes)))

@@ -13,6 +13,14 @@ command. Messages, in its inbox (the driver's) and its outbox (shared by every w
     ("end",)             -> no more arrivals  ("done", index, RunRecords, info)  once idle
     ("stop",)            -> the process ends  ("ready", index, info) / ("error", index, text)
 
+Disaggregated runs (``WorkerSpec.role`` prefill or decode; ``executor.kv_agent``)::
+
+    ("share", n)         -> n KV handles      ("kv", index, [share_kv bytes] * n)
+    ("peers", {i: blob}) -> opened, kept      ("peered", index)
+    ("import", wire, n, src, blocks)          ("imported", index, id, start, end, copy_s)
+                         -> decode            / ("refused", index, id, now)
+    ("release", id)      -> prefill frees     ("handoffs", index, [(id, n, blocks, ready)])
+
 Time base: ``start`` is a ``time.perf_counter()`` reading of the driver. On Linux perf_counter
 is ``CLOCK_MONOTONIC``, one clock for every process of the machine, so ``WallClock(start)``
 here and in the driver read the same seconds (the driver checks it with pings at start-up).
@@ -39,8 +47,11 @@ from typing import Any
 
 from executor.engine import Engine, EngineConfig
 from executor.engine_backend import EngineBackend
+from executor.kv_agent import KVAgent
+from executor.kv_copy import open_kv, share_kv
 from executor.model import CausalLM, ModelConfig
 from horizon.cluster import ObservedBackend, Replica
+from horizon.cluster.handoffs import ROLES
 from horizon.plan import StepPlan, StepResult
 from horizon.policies.base import Policy
 from horizon.policies.registry import make_policy
@@ -61,6 +72,7 @@ class WorkerSpec:
         engine: the Engine's config; give ``num_blocks`` when replicas share a GPU.
         device: "cpu", "cuda" or "cuda:<n>"; replicas on one GPU share it.
         name: the replica's label (default ``replica<index>``).
+        role: ``mixed``, ``prefill`` or ``decode`` (``horizon.cluster.handoffs``).
         weights_seed, weight_std: the seeded random weights (``executor.bench``'s).
         threads: torch's CPU threads in the process.
         warmup: capture the CUDA graphs before the first run.
@@ -70,6 +82,7 @@ class WorkerSpec:
     engine: EngineConfig = field(default_factory=EngineConfig)
     device: str = "cuda"
     name: str | None = None
+    role: str = "mixed"
     weights_seed: int = 0
     weight_std: float = 0.02
     threads: int = 1
@@ -81,6 +94,8 @@ class WorkerSpec:
             raise ValueError(f"WorkerSpec.device must be 'cpu', 'cuda' or 'cuda:<n>', got {d!r}")
         if not isinstance(self.threads, int) or self.threads < 1:
             raise ValueError(f"WorkerSpec.threads must be an int >= 1, got {self.threads!r}")
+        if self.role not in ROLES:
+            raise ValueError(f"WorkerSpec.role must be one of {ROLES}, got {self.role!r}")
         if not isinstance(self.engine, EngineConfig):
             raise ValueError(f"WorkerSpec.engine must be an EngineConfig, got {self.engine!r}")
 
@@ -114,15 +129,17 @@ def request_to_wire(r: Request) -> Wire:
     slo = (r.slo.ttft, r.slo.itl) if r.slo is not None else None
     return (r.request_id, r.arrival_time, r.num_prompt_tokens, r.max_output_tokens,
             r.true_output_tokens, r.prompt_token_ids, r.conversation_id, r.turn_index, slo,
-            r.output_token_ids)  # fmt: skip
+            r.output_token_ids, r.handoff)  # fmt: skip
 
 
 def request_from_wire(w: Wire) -> Request:
     """A fresh Request from ``request_to_wire``'s values."""
-    rid, arrival, prompt, max_out, true_out, ids, conv, turn, slo, out_ids = w
-    return Request(rid, arrival, prompt, max_out, true_out,
-                   slo=SLO(*slo) if slo is not None else None, prompt_token_ids=ids,
-                   conversation_id=conv, turn_index=turn, output_token_ids=out_ids)  # fmt: skip
+    rid, arrival, prompt, max_out, true_out, ids, conv, turn, slo, out_ids, handoff = w
+    r = Request(rid, arrival, prompt, max_out, true_out,
+                slo=SLO(*slo) if slo is not None else None, prompt_token_ids=ids,
+                conversation_id=conv, turn_index=turn, output_token_ids=out_ids)  # fmt: skip
+    r.handoff = handoff
+    return r
 
 
 class StopWorker(Exception):
@@ -135,12 +152,18 @@ def worker_main(index: int, spec: WorkerSpec, inbox: Any, outbox: Any) -> None:
     try:
         engine, info = build_engine(spec)
         outbox.put(("ready", index, info))
+        peers: dict[int, Any] = {}  # decode: the prefill replicas' KV tensors, opened once
         while True:
             msg = inbox.get()
             if msg[0] == "ping":
                 outbox.put(("pong", index, time.perf_counter()))
+            elif msg[0] == "share":
+                outbox.put(("kv", index, [share_kv(engine.kv_cache) for _ in range(msg[1])]))
+            elif msg[0] == "peers":
+                peers.update({i: open_kv(blob) for i, blob in msg[1].items()})
+                outbox.put(("peered", index))
             elif msg[0] == "run":
-                serve_run(engine, index, spec, msg[1], inbox, outbox)
+                serve_run(engine, index, spec, msg[1], inbox, outbox, peers)
             elif msg[0] == "stop":
                 return
             else:
@@ -173,6 +196,7 @@ def build_engine(spec: WorkerSpec) -> tuple[Engine, dict]:
         "block_size": spec.engine.block_size,
         "token_budget": spec.engine.max_num_batched_tokens,
         "prefix_caching": spec.engine.enable_prefix_caching,
+        "max_model_len": spec.engine.max_model_len,
         "shape": cfg.shape,
         "device": spec.device,
         "gpu": torch.cuda.get_device_name(engine.device) if cuda else "cpu",
@@ -183,7 +207,13 @@ def build_engine(spec: WorkerSpec) -> tuple[Engine, dict]:
 
 
 def serve_run(
-    engine: Engine, index: int, spec: WorkerSpec, cmd: RunCommand, inbox: Any, outbox: Any
+    engine: Engine,
+    index: int,
+    spec: WorkerSpec,
+    cmd: RunCommand,
+    inbox: Any,
+    outbox: Any,
+    peers: dict[int, Any] | None = None,
 ) -> None:
     """One run: arm (fresh scheduler), wait for "start", serve the inbox's arrivals on the
     shared clock until "end" and idle (or ``max_time``), then send the run's records."""
@@ -205,7 +235,11 @@ def serve_run(
         raise ValueError(f"worker {index}: expected 'start' after 'run', got {msg[0]!r}")
     clock = WallClock(start=msg[1])
     replica.now = clock.now
-    arrivals = InboxArrivals(inbox, replica, cmd.poll_s)
+    agent = None
+    if spec.role != "mixed":
+        agent = KVAgent(index, spec.role, replica, engine.kv_cache, peers or {},
+                        engine.runner.release, outbox.put_nowait, clock.now)  # fmt: skip
+    arrivals = InboxArrivals(inbox, replica, cmd.poll_s, agent)
     cfg = engine.config
     eos = frozenset(engine.model.config.eos_token_ids)
     inner = EngineBackend(engine.runner, sched, clock, cfg.pipelined, eos, cfg.stop)
@@ -214,7 +248,9 @@ def serve_run(
     gc_was_enabled = gc.isenabled()
     gc.disable()  # a collection pause would land in some step's measured time
     try:
-        loop = serve(sched, backend, arrivals, clock, end, cmd.check_every, check_on_idle=True)
+        collect = agent.collect if agent is not None and spec.role == "prefill" else None
+        loop = serve(sched, backend, arrivals, clock, end, cmd.check_every, check_on_idle=True,
+                     after_update=collect)  # fmt: skip
         stalled = run_wall_clock(loop, clock)
     finally:
         if gc_was_enabled:
@@ -224,7 +260,11 @@ def serve_run(
     replica.check_integrity()
     engine.runner.check_integrity()
     records = sched.recorder.build()
-    info = {"steps": len(records.step_end), "stalled": stalled, "end": clock.now()}
+    info = {"steps": len(records.step_end), "stalled": stalled, "end": clock.now(),
+            "outputs": inner.outputs}  # fmt: skip
+    if agent is not None:
+        agent.check_integrity()
+        info["copy_s"], info["handed"] = agent.copy_s, len(agent.handed)
     outbox.put(("done", index, records, info))
 
 
@@ -255,19 +295,25 @@ class InboxArrivals:
     as soon as a message arrives. Exhausted once "end" was read and nothing waits.
     """
 
-    def __init__(self, inbox: Any, replica: Replica, poll_s: float = 0.05) -> None:
+    def __init__(
+        self, inbox: Any, replica: Replica, poll_s: float = 0.05, agent: KVAgent | None = None
+    ) -> None:
         if not poll_s > 0:
             raise ValueError(f"RunCommand.poll_s must be > 0, got {poll_s!r}")
         self._inbox = inbox
         self._replica = replica
         self._poll = poll_s
+        self._agent = agent
         self._pending: deque[Request] = deque()
+        self._transfers: deque[tuple] = deque()  # "import" and "release" messages, in order
         self._ended = False
 
     def _take(self, msg: tuple) -> None:
         kind = msg[0]
         if kind == "request":
             self._pending.append(request_from_wire(msg[1]))
+        elif kind in ("import", "release") and self._agent is not None:
+            self._transfers.append(msg)
         elif kind == "end":
             self._ended = True
         elif kind == "stop":
@@ -286,6 +332,15 @@ class InboxArrivals:
 
     def admit(self, sched: Scheduler, now: float) -> None:
         self._drain()
+        transfers, agent = self._transfers, self._agent
+        while transfers:
+            msg = transfers.popleft()
+            assert agent is not None
+            if msg[0] == "release":
+                agent.release(msg[1])
+            else:
+                _, wire, n, src, blocks = msg
+                agent.take_import(request_from_wire(wire), n, src, blocks)
         pending, accept = self._pending, self._replica.accept
         while pending:
             r = pending.popleft()
@@ -294,11 +349,12 @@ class InboxArrivals:
 
     def due(self, now: float) -> bool:
         self._drain()
-        return bool(self._pending)
+        return bool(self._pending or self._transfers)
 
     @property
     def exhausted(self) -> bool:
-        return self._ended and not self._pending
+        held = self._agent is not None and self._agent.handed  # a prefill replica's, unreleased
+        return self._ended and not self._pending and not self._transfers and not held
 
     def wait(self, now: float, end: float) -> float:
         timeout = min(self._poll, end - now)

@@ -27,9 +27,9 @@ class RemoteReplica:
         index: its position in the cluster; name: its label.
         shape: its model shape (None if unknown).
         num_blocks, block_size, token_budget, prefix_caching: its engine's pool and scheduler.
+        role: ``mixed``, ``prefill`` or ``decode``.
+        scheduler: a disaggregated run's ``RemoteScheduler`` of the worker (None otherwise).
     """
-
-    role = "mixed"  # the engine driver runs co-located replicas (no P/D roles yet)
 
     def __init__(
         self,
@@ -40,6 +40,8 @@ class RemoteReplica:
         block_size: int,
         token_budget: int,
         prefix_caching: bool,
+        role: str = "mixed",
+        scheduler: object = None,
     ) -> None:
         if not isinstance(num_blocks, int) or num_blocks < 1:
             raise ValueError(f"RemoteReplica.num_blocks must be an int >= 1, got {num_blocks!r}")
@@ -50,7 +52,10 @@ class RemoteReplica:
         self.block_size = block_size
         self.token_budget = token_budget
         self.prefix_caching = prefix_caching
+        self.role = role
+        self.scheduler = scheduler
         self.routed = 0
+        self.imported = 0  # handed-off requests placed here for decoding
         self.reports = 0
         self.history: deque[Snapshot] | None = None
         self.kv_events: deque[tuple[float, list[tuple[int, int]]]] | None = None
@@ -66,6 +71,18 @@ class RemoteReplica:
     def accept(self, request: Request, now: float) -> None:
         """``request`` was routed here (the driver sends it to the worker)."""
         self.routed += 1
+
+    def accept_import(self, request: Request) -> None:
+        """A handed-off ``request`` was placed here (the driver sends it to the worker)."""
+        self.imported += 1
+
+    def leave(self, request: Request) -> None:
+        """``request`` was handed off to another replica."""
+
+    def latest(self) -> Snapshot:
+        """The latest report (an empty replica's state before any)."""
+        assert self.history is not None
+        return self.history[-1]
 
     def seed_hashes(self, request: Request, hashes: list[int]) -> None:
         """No-op: the worker's scheduler hashes the prompt itself."""
@@ -94,4 +111,6 @@ class RemoteReplica:
         assert all(a <= b for a, b in zip(times, times[1:])), "reports out of time order"
         kv = [t for t, _ in self.kv_events]
         assert all(a <= b for a, b in zip(kv, kv[1:])), "KV events out of time order"
-        assert self.routed >= 0
+        assert self.routed >= 0 and self.imported >= 0
+        if self.scheduler is not None:
+            self.scheduler.check_integrity()

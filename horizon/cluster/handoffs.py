@@ -131,6 +131,13 @@ class Handoffs:
         self.replicas[t.src].scheduler.release_handoff(t.request)
         self.done.append(t)
 
+    def refused(self, t: Transfer) -> None:
+        """``t``'s target could not reserve the blocks after all (an engine driver places on
+        reported free blocks; the replica decides): ``t`` is pending again, in ready order."""
+        del self.in_flight[t.request.request_id]
+        self.pending.append((t.request, t.src, t.ready))
+        self.pending.sort(key=lambda p: p[2])
+
     @property
     def idle(self) -> bool:
         return not self.pending and not self.in_flight

@@ -1,0 +1,88 @@
+"""Prefill/decode disaggregation on the engine's cluster, on the CPU: tiny-engine workers in
+processes, a prefill replica's KV blocks copied into a decode replica's KV tensor through
+shared memory (``executor.kv_copy``), placed by the cluster's own ``Handoffs``."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from executor.cluster_engine import EngineCluster
+from executor.cluster_worker import WorkerSpec, build_engine
+from executor.engine import EngineConfig
+from executor.model.testing import tiny_config
+from horizon.cluster import make_router
+from horizon.cluster.disagg_metrics import ttft_parts
+from horizon.request import Request
+
+ENGINE = {"num_blocks": 60, "block_size": 4, "max_num_batched_tokens": 32, "max_num_seqs": 4,
+          "max_model_len": 128}  # fmt: skip
+
+
+def _spec(role: str, i: int, **engine) -> WorkerSpec:
+    cfg = EngineConfig(**{**ENGINE, **engine})
+    return WorkerSpec(tiny_config(), cfg, "cpu", f"{role}{i}", role, weight_std=0.2)
+
+
+@pytest.fixture(scope="module")
+def pd():
+    specs = [_spec("prefill", 0), _spec("decode", 1), _spec("decode", 2, num_blocks=24)]
+    with EngineCluster(specs, poll_s=0.02) as c:
+        yield c
+
+
+def workload(n: int = 24, seed: int = 0) -> list[Request]:
+    rng = np.random.default_rng(seed)
+    reqs = []
+    for rid in range(n):
+        p = int(rng.integers(2, 40))
+        ids = tuple(rng.integers(0, 512, p).tolist())
+        reqs.append(Request(rid, 0.02 * rid, p, 16, int(rng.integers(2, 12)),
+                            prompt_token_ids=ids))  # fmt: skip
+    return reqs
+
+
+def test_handoffs_decode_the_same_tokens_as_one_engine(pd):
+    """Every request is prefilled on replica 0 and decoded on 1 or 2 from the copied KV: the
+    greedy tokens are those of a single engine serving the request end to end."""
+    reqs = workload()
+    rec = pd.run(reqs, (), make_router("round_robin"), "fcfs",
+                 decode_router=make_router("least_kv"), check_every=1)  # fmt: skip
+    rec.check()
+    merged = rec.merged()
+    assert merged.num_requests == len(reqs) and (merged.status == 0).all()
+    np.testing.assert_array_equal(merged.num_output_tokens, [r.true_output_tokens for r in reqs])
+    t = rec.transfers
+    assert sorted(t["request_id"].tolist()) == list(range(len(reqs)))
+    assert set(t["src"].tolist()) == {0} and set(t["dst"].tolist()) <= {1, 2}
+    assert np.all(t["num_tokens"] == [reqs[i].num_prompt_tokens - 1 for i in t["request_id"]])
+    assert np.all((t["ready"] <= t["start"]) & (t["start"] <= t["end"]))
+    assert np.all((t["copy_s"] > 0) & (t["copy_s"] <= t["end"] - t["start"] + 1e-9))
+    parts = ttft_parts(rec)
+    assert all(np.all(v >= -1e-9) for v in parts.values())
+    outputs = {}
+    for w in pd.last_run.workers[1:]:
+        outputs.update(w["outputs"])
+    engine, _ = build_engine(_spec("mixed", 9))
+    engine.run_offline([Request(r.request_id, 0.0, r.num_prompt_tokens, r.max_output_tokens,
+                                r.true_output_tokens, prompt_token_ids=r.prompt_token_ids)
+                        for r in reqs])  # fmt: skip
+    assert outputs == engine.outputs
+
+
+def test_a_decode_replica_never_takes_what_it_cannot_hold(pd):
+    """Replica 2's 24 blocks hold few requests at once and replica 1 is offered first by
+    round robin over the fitting ones; every request still finishes, decoded where it fit,
+    and the prefill replica released every handed-off request's blocks."""
+    reqs = workload(40, seed=1)
+    rec = pd.run(reqs, (), make_router("round_robin"), "fcfs",
+                 decode_router=make_router("round_robin"), check_every=1)  # fmt: skip
+    rec.check()
+    merged = rec.merged()
+    assert (merged.status == 0).all()
+    t = rec.transfers
+    assert np.isfinite(t["end"]).all() and {1, 2} == set(t["dst"].tolist())
+    assert rec.replicas[2].kv_used_blocks.max() <= 24
+    assert pd.last_run.workers[0]["handed"] == 0  # every prefilled request's blocks released
+    with pytest.raises(ValueError, match="decode_router"):
+        pd.run(reqs[:2], (), make_router("round_robin"), "fcfs")
