@@ -210,15 +210,20 @@ class EngineCluster:
         raise RuntimeError(f"worker processes ended unexpectedly (exit codes {codes})")
 
     def close(self) -> None:
-        """Stop every worker (terminated if it does not stop within 10 s)."""
-        for inbox in self._inboxes:
-            with contextlib.suppress(OSError, ValueError):  # a queue already closed
-                inbox.put(("stop",))
-        for p in self._procs:
-            p.join(timeout=10.0)
-            if p.exitcode is None:
-                p.terminate()
-                p.join(timeout=5.0)
+        """Stop every worker (terminated if it does not stop within 10 s): decode workers
+        first, which hold the prefill workers' KV tensors open."""
+        n = len(self._procs)
+        for group in ([i for i in range(n) if self.specs[i].role == "decode"],
+                      [i for i in range(n) if self.specs[i].role != "decode"]):  # fmt: skip
+            for i in group:
+                with contextlib.suppress(OSError, ValueError):  # a queue already closed
+                    self._inboxes[i].put(("stop",))
+            for i in group:
+                p = self._procs[i]
+                p.join(timeout=10.0)
+                if p.exitcode is None:
+                    p.terminate()
+                    p.join(timeout=5.0)
         for q in [*self._inboxes, self._outbox]:
             if q is not None:
                 q.cancel_join_thread()

@@ -59,12 +59,16 @@ def run_case(
     router = case.router.build(m.ttft_slo)
     policy = case.policy.build(m.ttft_slo)
     t0 = time.perf_counter()
-    rec = cluster.run(requests, sessions, router, policy, case.view_delay, case.max_time)
+    dec = case.decode_router.build(m.ttft_slo) if case.decode_router is not None else None
+    rec = cluster.run(requests, sessions, router, policy, case.view_delay, case.max_time,
+                      decode_router=dec)  # fmt: skip
     wall = time.perf_counter() - t0
     rec.check()
     for i, r in enumerate(rec.replicas):
         (out / f"replica{i}").mkdir(parents=True, exist_ok=True)
         r.save_npz(str(out / f"replica{i}" / "records.npz"))
+    if rec.transfers is not None:
+        np.savez_compressed(out / "transfers.npz", **rec.transfers)
     meta = case_meta(cluster, m, case, rec, wall)
     meta["num_requests"] = len(requests) + sum(len(s.requests) for s in sessions)
     meta["num_sessions"] = len(sessions)
@@ -101,6 +105,7 @@ def case_meta(cluster: EngineCluster, m: ClusterManifest, case: ClusterCase, rec
         "case": case.name,
         "model": m.model if isinstance(m.model, str) else m.model_config().name,
         "router": dataclasses.asdict(case.router),
+        "decode_router": dataclasses.asdict(case.decode_router) if case.decode_router else None,
         "policy": dataclasses.asdict(case.policy),
         "view_delay": case.view_delay,
         "max_time": case.max_time,

@@ -150,8 +150,13 @@ def load_engine_case(case_dir: Path):  # noqa: ANN201 - (ClusterRecords, meta)
         for i in range(len(meta["replicas"]))
     )
     names = tuple(r["name"] or f"replica{i}" for i, r in enumerate(meta["replicas"]))
+    transfers = None
+    if (case_dir / "transfers.npz").exists():
+        with np.load(case_dir / "transfers.npz") as z:
+            transfers = {k: z[k] for k in z.files}
     rec = ClusterRecords(
-        parts, np.array(meta["assignment"], dtype=np.int64), float(meta["route_wall_s"]), names
+        parts, np.array(meta["assignment"], dtype=np.int64), float(meta["route_wall_s"]), names,
+        transfers,
     )
     rec.check()
     return rec, meta

@@ -55,11 +55,13 @@ class RouterSpec:
 
 @dataclass(frozen=True)
 class ReplicaEntry:
-    """One replica: its device ("cuda:<n>", "cuda", "cpu"), EngineConfig overrides, label."""
+    """One replica: its device ("cuda:<n>", "cuda", "cpu"), EngineConfig overrides, label and
+    role (``mixed``, ``prefill`` or ``decode``: disaggregated serving)."""
 
     device: str = "cuda"
     engine: dict = field(default_factory=dict)
     name: str | None = None
+    role: str = "mixed"
 
 
 @dataclass(frozen=True)
@@ -73,6 +75,7 @@ class ClusterCase:
     sessions: str | None = None  # a sessions_file, relative to the manifest
     view_delay: float = 0.0
     max_time: float | None = None
+    decode_router: RouterSpec | None = None  # replicas with prefill/decode roles need one
 
     def __post_init__(self) -> None:
         if not self.name or "/" in self.name or self.name.startswith("."):
@@ -133,7 +136,7 @@ class ClusterManifest:
 
         model = self.model_config()
         return [
-            WorkerSpec(model, self.engine_config(i), device or r.device, r.name)
+            WorkerSpec(model, self.engine_config(i), device or r.device, r.name, r.role)
             for i, r in enumerate(self.replicas)
         ]
 
@@ -185,7 +188,9 @@ def _case(c: dict) -> ClusterCase:
     router = RouterSpec(router) if isinstance(router, str) else RouterSpec(**router)
     policy = c.pop("policy", "fcfs")
     policy = PolicySpec(policy) if isinstance(policy, str) else PolicySpec(**policy)
-    return ClusterCase(router=router, policy=policy, **c)
+    dec = c.pop("decode_router", None)
+    dec = RouterSpec(dec) if isinstance(dec, str) else None if dec is None else RouterSpec(**dec)
+    return ClusterCase(router=router, policy=policy, decode_router=dec, **c)
 
 
 def _engine_config_class():  # noqa: ANN202

@@ -86,3 +86,57 @@ def test_a_decode_replica_never_takes_what_it_cannot_hold(pd):
     assert pd.last_run.workers[0]["handed"] == 0  # every prefilled request's blocks released
     with pytest.raises(ValueError, match="decode_router"):
         pd.run(reqs[:2], (), make_router("round_robin"), "fcfs")
+
+
+class _Inbox(list):
+    put = list.append
+
+
+def test_a_refused_import_is_placed_again_after_the_next_report():
+    """The driver's side alone: a decode replica that refuses (its report was stale) gets no
+    import until it reports again; the request is then placed and its blocks freed at the
+    source once imported."""
+    from executor.cluster_handoffs import EngineHandoffs
+    from executor.remote_replica import RemoteReplica
+    from executor.remote_scheduler import RemoteScheduler
+    from horizon.cluster import Cluster, Snapshot
+
+    inboxes = [_Inbox(), _Inbox()]
+    remotes = []
+    for i, role in enumerate(("prefill", "decode")):
+        r = RemoteReplica(i, role, None, 20, 4, 32, False, role)
+        r.scheduler = RemoteScheduler(i, 20, 4, 128, inboxes[i].put,
+                                      lambda r=r: r.latest().kv_free_blocks)  # fmt: skip
+        remotes.append(r)
+    now = [0.0]
+    cluster = Cluster(remotes, make_router("round_robin"), 0.0, lambda: now[0], live=False,
+                      decode_router=make_router("least_kv"))  # fmt: skip
+    req = Request(0, 0.0, 9, 4, 3)
+    assert cluster.route(req, 0.0) == 0 and req.handoff
+    h = EngineHandoffs(cluster, remotes, inboxes, {0: req}, lambda: now[0])
+    h.on_handoffs(0, [(0, 8, (5, 6), 0.01)])
+    assert inboxes[1][-1][0] == "import" and inboxes[1][-1][2:] == (8, 0, (5, 6))
+    cluster.check_integrity()
+    h.on_refused(1, 0)
+    assert h.h.pending and h.refusals == 1 and len(inboxes[1]) == 1  # not offered again yet
+    remotes[1].report(Snapshot(0.02, 0, 1, 0, 17, 3, 0, 0.01, np.nan, np.nan), None)
+    h.on_step(1, [], [])  # 3 free blocks: the request's 3 fit now
+    assert len(inboxes[1]) == 2 and not h.h.pending
+    h.on_imported(1, 0, 0.03, 0.031, 0.0005)
+    assert inboxes[0][-1] == ("release", 0) and h.idle
+    assert h.table()["copy_s"].tolist() == [0.0005]
+    cluster.check_integrity()
+
+
+def test_manifest_keeps_roles_and_the_decode_router(tmp_path):
+    from experiments.cluster_manifest import ClusterCase, ClusterManifest, ReplicaEntry, RouterSpec
+
+    m = ClusterManifest("qwen2.5-0.5b", (ReplicaEntry(role="prefill"), ReplicaEntry(role="decode")),
+                        (ClusterCase("c", RouterSpec("round_robin"), requests="r.json",
+                                     decode_router=RouterSpec("least_kv")),))  # fmt: skip
+    m.save(tmp_path / "m.json")
+    back = ClusterManifest.load(tmp_path / "m.json")
+    assert back.cases[0].decode_router == RouterSpec("least_kv")
+    assert [s.role for s in back.worker_specs("cpu")] == ["prefill", "decode"]
+    with pytest.raises(ValueError, match="WorkerSpec.role"):
+        WorkerSpec(role="both")

@@ -1,0 +1,235 @@
+"""Prefill/decode disaggregation on the engine against the simulator, on the same requests.
+
+    python -m experiments.pd_fidelity export [--out gpu_inputs/pd]
+    # on the GPU machine (one H200: both replicas' processes share it):
+    for side in pd mixed; do python -m experiments.cluster_engine_replay \
+        --manifest gpu_inputs/pd/$side/cluster_manifest.json --out ENGINE/$side; done
+    python -m experiments.pd_fidelity compare ENGINE [--out results/pd_fidelity]
+
+Cases: ShareGPT first turns (held-out half), Poisson at 2 loads x 3 seeds, on two Qwen2.5-0.5B
+shape replicas (seeded random weights, 2,000 KV blocks each, fcfs) co-located on one GPU:
+``pd`` (replica 0 prefills, replica 1 decodes; the KV copied between the two processes' KV
+tensors through CUDA IPC, ``executor.kv_agent``) and ``mixed`` (two mixed replicas,
+least-loaded: the baseline in the same GPU session). The simulator runs every case with the
+same requests and routers, each replica's cost model the one-replica engine fit
+(``calibration/h200_qwen2.5-0.5b_online.csv.gz``), twice: each replica on a GPU of its own
+(``isolated``) and both on one GPU, steps serialized (``shared``); the P/D link is fitted to
+the copies the engine measured in the same runs (``simulator.kv_link.LinkSpec.fit``).
+Writes ``<out>/pd_fidelity.json``: per case and side the figures, the TTFT parts, the link
+and a summary over seeds (``render``: ``<out>/table.md``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+MODEL = "qwen2.5-0.5b"
+NUM_BLOCKS = 2000
+ENGINE = {"num_blocks": NUM_BLOCKS, "max_model_len": 8192, "max_num_batched_tokens": 2048,
+          "max_num_seqs": 256}  # fmt: skip
+LOADS = (100.0, 180.0)  # requests/s offered to the pair: below and near the P/D knee
+SEEDS = (0, 1, 2)
+REQUESTS = 1500
+SLO_TTFT, SLO_ITL = 0.25, 0.01
+SIDES = {"pd": ("prefill", "decode"), "mixed": ("mixed", "mixed")}
+
+
+def case_name(load: float, seed: int) -> str:
+    return f"r{load:g}_s{seed}"
+
+
+def export(out: Path) -> list[Path]:
+    """One requests file per case and one manifest per side under ``out``."""
+    from experiments.cluster_manifest import ClusterCase, ClusterManifest, ReplicaEntry, RouterSpec
+    from horizon.workload import WorkloadConfig, build_workload, load_sharegpt, tokenize_corpus
+    from horizon.workload.requests_file import save_requests
+
+    tokenized = tokenize_corpus(load_sharegpt(), REPO / "data" / "cache" / "sharegpt_qwen2.5.npz")
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO,
+                            capture_output=True, text=True).stdout.strip()  # fmt: skip
+    out.mkdir(parents=True, exist_ok=True)
+    for load in LOADS:
+        for seed in SEEDS:
+            cfg = WorkloadConfig(num_requests=REQUESTS, rate=load, seed=seed,
+                                 conversations="held_out", split_test_fraction=0.5)  # fmt: skip
+            save_requests(
+                build_workload(cfg, tokenized).requests, out / f"{case_name(load, seed)}.json.xz"
+            )
+    written = []
+    for side, roles in SIDES.items():
+        d = out / side
+        d.mkdir(exist_ok=True)
+        router = RouterSpec("round_robin" if side == "pd" else "least_loaded")
+        dec = RouterSpec("least_kv") if side == "pd" else None
+        cases = tuple(ClusterCase(case_name(x, s), router, requests=f"../{case_name(x, s)}.json.xz",
+                                  decode_router=dec) for x in LOADS for s in SEEDS)  # fmt: skip
+        replicas = tuple(ReplicaEntry("cuda", name=f"{r}{i}", role=r) for i, r in enumerate(roles))
+        m = ClusterManifest(MODEL, replicas, cases, dict(ENGINE), SLO_TTFT, {"commit": commit})
+        m.save(d / "cluster_manifest.json")
+        written.append(d / "cluster_manifest.json")
+    return written
+
+
+def fit_link(engine_root: Path):  # noqa: ANN201 - simulator.kv_link.LinkSpec
+    """The link fitted to every P/D case's measured copies: seconds against KV bytes."""
+    from horizon.model_shape import model_shape
+    from simulator.kv_link import LinkSpec
+
+    per_block = 16 * model_shape(MODEL).kv_bytes_per_token()
+    nbytes, secs = [], []
+    for f in sorted((engine_root / "pd").glob("*/transfers.npz")):
+        with np.load(f) as z:
+            nbytes.extend((z["num_blocks"] * per_block).tolist())
+            secs.extend(z["copy_s"].tolist())
+    return LinkSpec.fit("same_gpu_ipc", nbytes, secs, f"{engine_root}: the engine's own copies")
+
+
+def simulate(side: str, requests, link, device: str | None):  # noqa: ANN001, ANN201
+    from experiments.cluster_setup import ReplicaSpec, simulate_cluster
+    from horizon.cluster import make_router
+
+    cache: dict = {}
+    setups = [ReplicaSpec(MODEL, num_blocks=NUM_BLOCKS, role=r, device=device).setup(None, cache)
+              for r in SIDES[side]]  # fmt: skip
+    pd = side == "pd"
+    return simulate_cluster(
+        setups,
+        make_router("round_robin" if pd else "least_loaded"),
+        requests,
+        decode_router=make_router("least_kv") if pd else None,
+        kv_link=link if pd else None,
+    )
+
+
+def figures(rec) -> dict:  # noqa: ANN001 - ClusterRecords
+    """Goodput, latency means and p99s, and (P/D) the TTFT parts' means."""
+    from horizon.cluster.disagg_metrics import ttft_breakdown
+    from horizon.metrics import summarize
+    from horizon.request import SLO
+
+    m = summarize(rec.merged(), slo=SLO(SLO_TTFT, SLO_ITL))
+    out = {k: m[k] for k in ("ttft_mean", "ttft_p99", "itl_mean", "itl_p99", "e2e_mean")}
+    out["goodput"] = m["goodput_lifetime"]
+    if rec.transfers is not None:
+        out["ttft_parts"] = ttft_breakdown(rec)
+        if "copy_s" in rec.transfers:
+            out["copy_mean"] = float(np.nanmean(rec.transfers["copy_s"]))
+    return out
+
+
+def compare(engine_root: Path, out: Path) -> dict:
+    """Every case on both sides: engine figures beside the simulator's (isolated, shared)."""
+    from experiments.cluster_fidelity import load_engine_case
+    from horizon.workload.requests_file import load_requests
+
+    link = fit_link(engine_root)
+    inputs = REPO / "gpu_inputs" / "pd"
+    rows = []
+    for side in SIDES:
+        for load in LOADS:
+            for seed in SEEDS:
+                name = case_name(load, seed)
+                rec, meta = load_engine_case(engine_root / side / name)
+                requests = load_requests(inputs / f"{name}.json.xz")
+                row = {
+                    "side": side,
+                    "load": load,
+                    "seed": seed,
+                    "engine": figures(rec),
+                    "meta": {k: meta[k] for k in ("gpu", "torch", "triton", "date", "commit")},
+                }
+                for variant, device in (("isolated", None), ("shared", "gpu0")):
+                    row[variant] = figures(simulate(side, requests, link, device))
+                rows.append(row)
+    doc = {"link": {"bandwidth_Bps": link.bandwidth, "latency_s": link.latency_s},
+           "slo": {"ttft": SLO_TTFT, "itl": SLO_ITL}, "rows": rows}  # fmt: skip
+    doc["summary"] = summary(doc)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "pd_fidelity.json").write_text(json.dumps(doc, indent=1) + "\n")
+    (out / "table.md").write_text(render(doc["summary"]))
+    return doc
+
+
+def summary(doc: dict) -> list[dict]:
+    """Per side, load and simulator variant: seed means of engine and simulator figures, the
+    goodput error (points) and the relative errors of the latency means; P/D rows add the
+    transfer part's simulated mean over the engine's measured one."""
+    out = []
+    for side in SIDES:
+        for load in LOADS:
+            rows = [r for r in doc["rows"] if r["side"] == side and r["load"] == load]
+            for variant in ("isolated", "shared"):
+                row = {"side": side, "load": load, "sim": variant, "seeds": len(rows)}
+                for k in ("goodput", "ttft_mean", "itl_mean", "e2e_mean"):
+                    eng = float(np.mean([r["engine"][k] for r in rows]))
+                    sim = float(np.mean([r[variant][k] for r in rows]))
+                    row[k] = {"engine": eng, "sim": sim}
+                    errs = [r[variant][k] - r["engine"][k] for r in rows]
+                    if k == "goodput":
+                        row[k]["max_err_pts"] = 100 * float(np.max(np.abs(errs)))
+                    else:
+                        rel = [e / r["engine"][k] for e, r in zip(errs, rows)]
+                        row[k]["max_err"] = float(np.max(np.abs(rel)))
+                if side == "pd":
+                    row.update(_pd_parts(rows, variant))
+                out.append(row)
+    return out
+
+
+def _pd_parts(rows: list[dict], variant: str) -> dict:
+    """Transfer part simulated over measured, per seed; kv_wait and first_decode means."""
+    eng = [r["engine"]["ttft_parts"] for r in rows]
+    sim = [r[variant]["ttft_parts"] for r in rows]
+    out: dict = {
+        "transfer_sim_over_engine": [s["transfer"] / e["transfer"] for s, e in zip(sim, eng)]
+    }
+    for part in ("kv_wait", "first_decode"):
+        out[part] = {"engine": float(np.mean([e[part] for e in eng])),
+                     "sim": float(np.mean([s[part] for s in sim]))}  # fmt: skip
+    return out
+
+
+def render(summary_rows: list[dict]) -> str:
+    """The summary as a markdown table (figures only)."""
+    head = (
+        "| side | load (req/s) | sim | goodput engine / sim (max err, pts) | mean TTFT ms "
+        "engine / sim (max err) | mean ITL ms engine / sim (max err) | transfer sim / engine |"
+    )
+    lines = [head, "|" + "---|" * 7]
+    for r in summary_rows:
+        g, t, i = r["goodput"], r["ttft_mean"], r["itl_mean"]
+        tr = r.get("transfer_sim_over_engine")
+        tr_s = ", ".join(f"{x:.2f}" for x in tr) if tr else ""
+        lines.append(
+            f"| {r['side']} | {r['load']:g} | {r['sim']} | {g['engine']:.3f} / {g['sim']:.3f} "
+            f"({g['max_err_pts']:.1f}) | {1e3 * t['engine']:.2f} / {1e3 * t['sim']:.2f} "
+            f"({100 * t['max_err']:.0f}%) | {1e3 * i['engine']:.2f} / {1e3 * i['sim']:.2f} "
+            f"({100 * i['max_err']:.0f}%) | {tr_s} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    e = sub.add_parser("export")
+    e.add_argument("--out", default=str(REPO / "gpu_inputs" / "pd"))
+    c = sub.add_parser("compare")
+    c.add_argument("engine")
+    c.add_argument("--out", default=str(REPO / "results" / "pd_fidelity"))
+    args = ap.parse_args(argv)
+    if args.cmd == "export":
+        for p in export(Path(args.out)):
+            print(p)
+    else:
+        compare(Path(args.engine), Path(args.out))
+
+
+if __name__ == "__main__":
+    main()
