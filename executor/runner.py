@@ -352,6 +352,12 @@ class ModelRunner:
         self._num_sampled -= not s.params.greedy
         return s.tokens[s.num_prompt :]
 
+    def drop(self, request: Request) -> None:
+        """Forget an aborted request (``Scheduler.take_aborted``) if it was started here; a
+        no-op otherwise (it never ran). As ``release``, no token of it may be in flight."""
+        if request.request_id in self._seqs:
+            self.release(request)
+
     def reset(self) -> None:
         """Forget every request (a new run); captured graphs are kept."""
         for s in self._seqs.values():

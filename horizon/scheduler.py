@@ -93,6 +93,11 @@ class Scheduler:
         self._new_handoffs: list[tuple[Request, float]] = []  # with the update's time
         self._importing: dict[int, Request] = {}
         self._ready: deque[Request] = deque()
+        # aborts (see ``abort``): running requests to finish at the end of the pending update,
+        # and aborted requests not yet taken by the backend
+        self._aborting: set[int] = set()
+        self._aborted: list[Request] = []
+        self.num_aborted = 0
 
     # -- arrivals --------------------------------------------------------------------------------
     def add(self, req: Request) -> None:
@@ -372,6 +377,12 @@ class Scheduler:
             assert r.num_output_tokens <= r.max_output_tokens
             r.status = RequestStatus.FINISHED
             rec.finish(r)
+        if self._aborting:
+            for rid in self._aborting:
+                r = self.running.get(rid)
+                if r is not None:  # else it finished in this very step
+                    self._abort_running(r)
+            self._aborting.clear()
         rec.step(
             plan.time,
             now,
@@ -397,6 +408,70 @@ class Scheduler:
         drift = r.num_computed_tokens - self.clock.step
         self._ctx_base += drift
         self._residue[drift % self._bs][r.request_id] = r
+
+    # -- aborts --------------------------------------------------------------------------------
+    def abort(self, request_id: int) -> bool:
+        """Stop request ``request_id`` for good (its client went away); idempotent.
+
+        A waiting request leaves the queue at once. A running one is finished at a step
+        boundary: at once when no plan is pending (``update`` was called for the latest
+        ``schedule``), else at the end of that plan's ``update``. Its blocks are freed (full
+        prompt blocks stay in the prefix cache), its reservation dropped, its status set to
+        FINISHED; its record stays unfinished, with the tokens it emitted. The backend learns
+        of it through ``take_aborted``. ``num_aborted`` counts aborts.
+
+        Returns:
+            True if the request was waiting or running here (now aborted or to be at the
+            pending update), False for an id that is unknown, finished, rejected or already
+            aborted.
+
+        Raises:
+            ValueError: the request is in a KV transfer (disaggregation), which cannot be
+                aborted.
+        """
+        if request_id in self._handed or request_id in self._importing or any(
+            r.request_id == request_id for r in self._ready
+        ):
+            raise ValueError(f"request {request_id} is in a KV transfer: it cannot be aborted")
+        r = self.running.get(request_id)
+        if r is not None:
+            if request_id in self._aborting:
+                return False
+            if self._last_plan_step == self.clock.step:  # a plan is pending: at its update
+                self._aborting.add(request_id)
+            else:
+                self._abort_running(r)
+            return True
+        for i, (_, _, w) in enumerate(self._waiting):
+            if w.request_id == request_id:
+                self._waiting[i] = self._waiting[-1]
+                self._waiting.pop()
+                heapq.heapify(self._waiting)
+                self.queued_prefill_tokens -= w.num_tokens_to_compute - w.handoff
+                self._finish_aborted(w)
+                return True
+        return False
+
+    def take_aborted(self) -> list[Request]:
+        """Requests aborted (and gone from here) since the last call: the backend forgets
+        them."""
+        out, self._aborted = self._aborted, []
+        return out
+
+    def _abort_running(self, r: Request) -> None:
+        rid = r.request_id
+        if self._event and rid in self._decoding:
+            self.recorder.close_run(r, self.clock.step - 1)
+        if rid in self._prefilling:
+            self.queued_prefill_tokens -= r.num_tokens_to_compute - r.handoff
+        self._remove_running(r)
+        self._finish_aborted(r)
+
+    def _finish_aborted(self, r: Request) -> None:
+        self.kv.free(r)  # holds no blocks by now: drops its prompt hashes
+        r.status = RequestStatus.FINISHED
+        self._aborted.append(r)
+        self.num_aborted += 1
 
     # -- disaggregation -------------------------------------------------------------------------
     # A request routed to a prefill replica (``handoff`` set) computes all but its prompt's last
@@ -510,6 +585,7 @@ class Scheduler:
                 assert (rid in self._decoding) == r.is_decode
         assert set(self._prefilling) <= set(self.running)
         assert set(self._decoding) <= set(self.running)
+        assert self._aborting <= set(self.running), "an abort pending for a request not running"
         for _, _, r in self._waiting:
             assert r.status is RequestStatus.WAITING and not self.kv.blocks_of(r)
         self._check_transfers()
