@@ -11,13 +11,14 @@ when they are in, the source frees the blocks and the target's inbox admits the 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from functools import partial
 
 import simpy
 
 from horizon.cluster import Cluster
 from horizon.cluster.handoffs import Handoffs, Transfer
 from horizon.model_shape import ModelShape
-from simulator.kv_link import Fabric, LinkSpec
+from simulator.kv_link import Fabric, LinkSpec, later, soon
 
 
 class TransferDriver:
@@ -49,35 +50,69 @@ class TransferDriver:
         self.shapes = tuple(shapes)
         self.fabric = Fabric(env, link)
         self.arrived = arrived
+        self._batch: list[Transfer] | None = None  # placed now, to begin once the placer yields
 
     def after_update(self, index: int) -> Callable[[], None] | None:
         """The serving loop's hook for replica ``index`` (None for a mixed replica)."""
-        role, handoffs = self.replicas[index].role, self.handoffs
+        role, handoffs, env = self.replicas[index].role, self.handoffs, self.env
         if role == "prefill":
 
             def collected() -> None:
                 ready = handoffs.collect(index)
                 if ready is not None:
-                    self.env.process(self._place_at(ready))
+                    soon(env, lambda _ev: self._place_at(ready))
 
             return collected
         if role == "decode":
 
             def freed() -> None:
                 if handoffs.pending:
-                    self._place(self.env.now)
+                    self._place(env.now)
 
             return freed
         return None
 
-    def _place_at(self, ready: float):  # noqa: ANN202 - a SimPy process
-        if ready > self.env.now:
-            yield self.env.timeout(ready - self.env.now)
-        self._place(self.env.now)
+    # Scheduled callbacks, not a SimPy process per handoff; each runs where such a process's
+    # step would, so events that fall on one instant keep their order (the records are
+    # byte-identical to a driver of processes): placement after a collection runs once the
+    # prefill loop has yielded (``soon``), at the KV's ready time; transfers placed by a decode
+    # loop begin once it has yielded; a transfer waits for its start, then the link's latency.
+
+    def _place_at(self, ready: float) -> None:
+        env = self.env
+        if ready > env.now:
+            later(env, ready - env.now, self._place_now)
+        else:
+            self._place(env.now)
+
+    def _place_now(self, _ev: object) -> None:
+        assert self._batch is None  # an ordinary event: nothing placed now waits to begin
+        self._begin(self.handoffs.place(self.env.now))
 
     def _place(self, now: float) -> None:
-        for t in self.handoffs.place(now):
-            self.env.process(self._move(t))
+        started = self.handoffs.place(now)
+        if not started:
+            return
+        if self._batch is None:
+            self._batch = []
+            soon(self.env, self._begin_batch)
+        self._batch.extend(started)
+
+    def _begin_batch(self, _ev: object) -> None:
+        batch, self._batch = self._batch, None
+        assert batch is not None
+        self._begin(batch)
+
+    def _begin(self, transfers: list[Transfer]) -> None:
+        """Transfers starting later wait for their start; the rest send now, after them."""
+        env, now, at_once = self.env, self.env.now, []
+        for t in transfers:
+            if t.start > now:
+                later(env, t.start - now, partial(self._send, t))
+            else:
+                at_once.append(t)
+        for t in at_once:
+            self._send(t)
 
     def kv_bytes(self, t: Transfer) -> int:
         """Bytes of ``t``'s blocks (whole blocks move, as in a paged engine)."""
@@ -86,12 +121,11 @@ class TransferDriver:
         bs = self.replicas[t.src].block_size
         return t.num_blocks * bs * shape.kv_bytes_per_token()
 
-    def _move(self, t: Transfer):  # noqa: ANN202 - a SimPy process
-        env = self.env
-        if t.start > env.now:
-            yield env.timeout(t.start - env.now)
-        yield env.process(self.fabric.send(t.src, t.dst, self.kv_bytes(t)))
-        self.handoffs.complete(t, env.now)
+    def _send(self, t: Transfer, _ev: object = None) -> None:
+        self.fabric.send(t.src, t.dst, self.kv_bytes(t), partial(self._arrive, t))
+
+    def _arrive(self, t: Transfer) -> None:
+        self.handoffs.complete(t, self.env.now)
         self.arrived(t)
 
     def check_integrity(self) -> None:

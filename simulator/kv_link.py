@@ -26,11 +26,13 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import simpy
+
+_Fn = Callable[[simpy.Event], None]
 
 
 @dataclass(frozen=True)
@@ -94,36 +96,67 @@ def link_spec(name: str) -> LinkSpec:
     return LINKS[name]
 
 
+class _Call(simpy.events.Event):
+    """An event, triggered at creation, that runs ``fn(event)`` when processed: one SimPy
+    event in place of a process's step (no generator to resume)."""
+
+    def __init__(self, env: simpy.Environment, delay: float, urgent: bool, fn: _Fn) -> None:
+        self.env = env
+        self.callbacks = [fn]
+        self._value = None
+        self._ok = True
+        env.schedule(self, simpy.events.URGENT if urgent else simpy.events.NORMAL, delay)
+
+
+def later(env: simpy.Environment, delay: float, fn: _Fn) -> simpy.Event:
+    """``fn(event)`` at ``now + delay``, ordered as a process's ``env.timeout(delay)`` is."""
+    assert delay >= 0, delay
+    return _Call(env, delay, False, fn)
+
+
+def soon(env: simpy.Environment, fn: _Fn) -> None:
+    """``fn(event)`` now, where a process started now would take its first step (SimPy's
+    ``Initialize``: after the running one yields and the processes started before it, ahead
+    of every ordinary event of now)."""
+    _Call(env, 0, True, fn)
+
+
 class _Flow:
     __slots__ = ("src", "dst", "left", "rate", "done")
 
-    def __init__(self, src: int, dst: int, nbytes: float, done: simpy.Event) -> None:
+    def __init__(self, src: int, dst: int, nbytes: float, done: Callable[[], None]) -> None:
         self.src, self.dst, self.left, self.rate, self.done = src, dst, float(nbytes), 0.0, done
 
 
 class Fabric:
-    """Transfers between replicas' ports under ``link`` (see the module docstring)."""
+    """Transfers between replicas' ports under ``link`` (see the module docstring), on callbacks
+    scheduled in the run's environment: no SimPy process per transfer. The one wake-up that
+    counts is the latest scheduled (``_wake``); one scheduled before it finds itself stale."""
 
     def __init__(self, env: simpy.Environment, link: LinkSpec) -> None:
         self.env = env
         self.link = link
         self._flows: list[_Flow] = []
         self._since = 0.0
-        self._version = 0
+        self._wake: simpy.Event | None = None
         self.bytes_sent = 0.0
 
-    def send(self, src: int, dst: int, nbytes: float):  # noqa: ANN201 - a SimPy process
-        """A process that is over when ``nbytes`` have gone from ``src`` to ``dst``."""
+    def send(self, src: int, dst: int, nbytes: float, done: Callable[[], None]) -> None:
+        """Send ``nbytes`` from ``src`` to ``dst`` from now: after the link's latency they share
+        the ports; ``done()`` runs when they are in (finishing flows in the order they began)."""
         if self.link.latency_s > 0:
-            yield self.env.timeout(self.link.latency_s)
-        if nbytes <= 0:
+            later(self.env, self.link.latency_s, lambda _ev: self._begin(src, dst, nbytes, done))
+        else:
+            self._begin(src, dst, nbytes, done)
+
+    def _begin(self, src: int, dst: int, nbytes: float, done: Callable[[], None]) -> None:
+        if nbytes <= 0:  # nothing to carry: over at the next ordinary event of now
+            later(self.env, 0, lambda _ev: done())
             return
-        done = self.env.event()
         self._advance()
         self._flows.append(_Flow(src, dst, nbytes, done))
         self.bytes_sent += nbytes
         self._reschedule()
-        yield done
 
     def _advance(self) -> None:
         """Drain every flow by what it sent since the last change."""
@@ -134,6 +167,12 @@ class Fabric:
         self._since = self.env.now
 
     def _reschedule(self) -> None:
+        flows = self._flows
+        if len(flows) == 1:  # alone: the full bandwidth (the general case's arithmetic)
+            f = flows[0]
+            f.rate = self.link.bandwidth / 1
+            self._wake = later(self.env, max(f.left, 0.0) / f.rate, self._woke)
+            return
         out: dict[int, int] = {}
         into: dict[int, int] = {}
         for f in self._flows:
@@ -142,22 +181,34 @@ class Fabric:
         bw = self.link.bandwidth
         for f in self._flows:
             f.rate = bw / max(out[f.src], into[f.dst])
-        self._version += 1
+        self._wake = None
         if self._flows:
             nxt = min(max(f.left, 0.0) / f.rate for f in self._flows)
-            self.env.process(self._wake(nxt, self._version))
+            self._wake = later(self.env, nxt, self._woke)
 
-    def _wake(self, dt: float, version: int):  # noqa: ANN202 - a SimPy process
-        yield self.env.timeout(dt)
-        if version != self._version:
+    def _woke(self, ev: simpy.Event) -> None:
+        if ev is not self._wake:
             return  # a later start or end rescheduled
         self._advance()
         tol = 1e-9 * self.link.bandwidth  # bytes a nanosecond carries: float slack
         finished = [f for f in self._flows if f.left <= tol]
         self._flows = [f for f in self._flows if f.left > tol]
-        for f in finished:
-            f.done.succeed()
         self._reschedule()
+        if not finished:
+            return
+        env = self.env
+        if env.peek() > env.now:  # nothing else falls on this instant: no order to keep
+            self._done(finished)
+        else:  # after what falls on it: two ordinary events of now on (a done event, a send's end)
+            later(env, 0, lambda _ev: self._done_next(finished))
+
+    def _done_next(self, finished: list[_Flow]) -> None:
+        later(self.env, 0, lambda _ev: self._done(finished))
+
+    @staticmethod
+    def _done(finished: list[_Flow]) -> None:
+        for f in finished:
+            f.done()
 
     @property
     def active(self) -> int:
@@ -165,4 +216,5 @@ class Fabric:
 
     def check_integrity(self) -> None:
         assert all(f.rate > 0 for f in self._flows), "a flow without bandwidth"
+        assert (self._wake is None) == (not self._flows), "flows without a wake-up"
         assert self.bytes_sent >= 0

@@ -158,15 +158,36 @@ def test_overlapping_transfers_share_the_port_they_cross():
     ends = {}
 
     def go(name, src, dst, nbytes):  # noqa: ANN001, ANN202
-        yield env.process(fabric.send(src, dst, nbytes))
-        ends[name] = env.now
+        fabric.send(src, dst, nbytes, lambda: ends.__setitem__(name, env.now))
 
-    env.process(go("a", 0, 2, 1e9))  # alone for 1 s of bytes
-    env.process(go("b", 0, 3, 1e9))  # same source: both at half rate
-    env.process(go("c", 1, 4, 1e9))  # another port: full rate
+    go("a", 0, 2, 1e9)  # alone for 1 s of bytes
+    go("b", 0, 3, 1e9)  # same source: both at half rate
+    go("c", 1, 4, 1e9)  # another port: full rate
     env.run()
     assert ends["c"] == pytest.approx(1.0)
     assert ends["a"] == pytest.approx(2.0) and ends["b"] == pytest.approx(2.0)
+
+
+def test_a_transfer_ending_on_another_events_instant_is_over_after_it():
+    """Ties keep the order of a transfer run as SimPy processes: its end is seen two ordinary
+    events after its last byte, so after what falls on that instant and what that sets off."""
+    import simpy
+
+    from simulator.kv_link import Fabric
+
+    env = simpy.Environment()
+    fabric = Fabric(env, LinkSpec("l", 1e9, 0.0))
+    order = []
+    fabric.send(0, 1, 1e9, lambda: order.append(("done", env.now)))  # its last byte at 1.0
+
+    def other(_ev) -> None:  # noqa: ANN001
+        order.append(("other", env.now))
+        env.timeout(0).callbacks.append(lambda _e: order.append(("set off", env.now)))
+
+    env.timeout(1.0).callbacks.append(other)
+    fabric.send(2, 3, 5e8, lambda: order.append(("alone", env.now)))  # nothing else at 0.5
+    env.run()
+    assert order == [("alone", 0.5), ("other", 1.0), ("set off", 1.0), ("done", 1.0)]
 
 
 def test_link_fit_recovers_latency_and_bandwidth():
