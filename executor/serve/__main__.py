@@ -1,0 +1,114 @@
+"""``python -m executor.serve``: an OpenAI-compatible server for one model.
+
+    python -m executor.serve --model smollm2-135m-instruct --policy fcfs --port 8000
+    python -m executor.serve --model qwen2.5-7b --num-blocks 20000   # random weights, bytes
+
+Then any OpenAI client: ``OpenAI(base_url="http://localhost:8000/v1", api_key="-")``. For
+forced output lengths send ``ignore_eos: true`` and ``min_tokens == max_tokens`` (the
+``extra_body`` of the openai package).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import torch
+
+from executor.engine import EngineConfig
+from executor.serve.model_loading import load_model
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m executor.serve", description=__doc__.split("\n")[0])
+    p.add_argument(
+        "--model", default="smollm2-135m-instruct", help="named model, preset shape or 'tiny'"
+    )
+    p.add_argument(
+        "--served-model-name", default=None, help="the name clients use (default: --model)"
+    )
+    p.add_argument(
+        "--dtype", default=None, help="float32, bfloat16, float16 (default: the model's)"
+    )
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--policy", default="fcfs", help="a horizon policy name or package.module:Class")
+    p.add_argument(
+        "--num-blocks",
+        type=int,
+        default=None,
+        help="KV blocks (default: from free GPU memory; 1024 on the CPU)",
+    )
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--max-num-seqs", type=int, default=256)
+    p.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    p.add_argument(
+        "--max-model-len", type=int, default=None, help="default: min(4096, the model's)"
+    )
+    p.add_argument(
+        "--max-waiting", type=int, default=1024, help="429 while this many requests wait"
+    )
+    p.add_argument("--attention-backend", default=None, choices=("triton", "torch"))
+    p.add_argument("--no-prefix-caching", action="store_true")
+    p.add_argument("--no-cuda-graphs", action="store_true")
+    p.add_argument("--seed", type=int, default=0, help="random weights' and sampling's run seed")
+    p.add_argument("--records", default=None, help="write the run's records (.npz) here at exit")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    return p.parse_args(argv)
+
+
+def engine_config(args: argparse.Namespace, max_positions: int) -> EngineConfig:
+    on_cpu = args.device == "cpu"
+    return EngineConfig(
+        num_blocks=args.num_blocks or (1024 if on_cpu else None),
+        block_size=args.block_size,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        max_num_seqs=args.max_num_seqs,
+        max_model_len=args.max_model_len or min(4096, max_positions),
+        enable_prefix_caching=not args.no_prefix_caching,
+        attention_backend=args.attention_backend,
+        cuda_graphs=False if args.no_cuda_graphs else None,
+        stop="eos",
+        seed=args.seed,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    import uvicorn
+
+    from executor.serve.server import build_server
+
+    args = parse_args(argv)
+    try:
+        model, tokenizer = load_model(args.model, args.dtype, args.device, args.seed)
+        config = engine_config(args, model.config.max_position_embeddings)
+        server = build_server(
+            model,
+            tokenizer,
+            config,
+            args.served_model_name or args.model,
+            args.policy,
+            args.max_waiting,
+        )
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    live = server.live
+    live.start()
+    live.call(live.engine.warmup).result()  # CUDA graphs, captured on the engine's thread
+    print(
+        f"serving {server.model_name} on http://{args.host}:{args.port}/v1 ({args.policy})",
+        flush=True,
+    )
+    try:
+        uvicorn.run(server.app, host=args.host, port=args.port, log_level="info")
+    finally:
+        live.close()
+        if args.records:
+            live.records().save_npz(args.records)
+            print(f"records: {args.records}")
+    return 0 if live.error is None else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,247 @@
+"""HTTP serving against the offline engine on the same requests (not a test).
+
+    python -m executor.serve.bench --model qwen2.5-0.5b --concurrency 1,16,64,256 \
+        --json-out serve_bench.json
+
+Every request has a random ``--prompt-len``-token prompt and is forced to ``--output-len``
+tokens (``ignore_eos``, ``min_tokens == max_tokens``; greedy), so both paths do the same work.
+
+* throughput, per concurrency ``c``: ``--requests`` requests through ``c`` concurrent
+  streams of the server (a closed loop: each stream sends its next request when one ends; the
+  client runs in its own process), against the offline engine with all of them queued at
+  once and ``max_num_seqs = c``, pipelined (its default: ``async_steps`` on) and serial (as
+  the server steps: a step's tokens read before the next is planned). Generated tokens per
+  second of wall time.
+* latency at low load: ``--low-load-requests`` requests one at a time (``--low-load-output``
+  tokens each); p50 TTFT as the HTTP client sees it (request sent to first chunk read) and
+  offline (a one-request run's first token).
+
+Prints a table; ``--json-out`` gets every figure. The server runs in this process (engine and
+uvicorn threads); model, policy and engine options are the same for both paths.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import statistics
+import subprocess
+import sys
+import time
+
+import numpy as np
+import torch
+
+from executor.engine import Engine, EngineConfig
+from executor.serve.model_loading import load_model
+from horizon.request import Request
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="python -m executor.serve.bench", description=__doc__.split("\n")[0]
+    )
+    p.add_argument("--model", default="qwen2.5-0.5b", help="named model, preset shape or 'tiny'")
+    p.add_argument("--dtype", default=None)
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--policy", default="fcfs")
+    p.add_argument("--concurrency", default="1,16,64", help="comma-separated stream counts")
+    p.add_argument("--requests", type=int, default=256, help="requests per concurrency level")
+    p.add_argument("--prompt-len", type=int, default=256)
+    p.add_argument("--output-len", type=int, default=128)
+    p.add_argument("--low-load-requests", type=int, default=16)
+    p.add_argument("--low-load-output", type=int, default=16)
+    p.add_argument(
+        "--num-blocks", type=int, default=None, help="default: what the largest level needs"
+    )
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    p.add_argument("--attention-backend", default=None, choices=("triton", "torch"))
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--torch-threads", type=int, default=None, help="CPU threads (1 suits a tiny model)"
+    )
+    p.add_argument("--json-out", default=None)
+    return p.parse_args(argv)
+
+
+def engine_config(args: argparse.Namespace, max_num_seqs: int, **kw) -> EngineConfig:
+    length = args.prompt_len + max(args.output_len, args.low_load_output)
+    cmax = max(_levels(args))
+    blocks = args.num_blocks or (cmax * (-(-length // args.block_size) + 1) + 16)
+    return EngineConfig(
+        num_blocks=blocks,
+        block_size=args.block_size,
+        max_num_batched_tokens=max(args.max_num_batched_tokens, max_num_seqs),
+        max_num_seqs=max_num_seqs,
+        max_model_len=length,
+        attention_backend=args.attention_backend,
+        seed=args.seed,
+        **kw,
+    )
+
+
+def _levels(args: argparse.Namespace) -> list[int]:
+    return [int(c) for c in str(args.concurrency).split(",") if c]
+
+
+def prompts(n: int, length: int, vocab: int, seed: int) -> list[list[int]]:
+    rng = np.random.default_rng(seed)
+    return rng.integers(0, vocab, (n, length)).tolist()
+
+
+def offline(model, args, ids: list[list[int]], out: int, c: int, pipelined: bool) -> dict:  # noqa: ANN001
+    """Tokens/s of one offline run of ``ids`` at ``max_num_seqs = c``."""
+    engine = Engine(model, engine_config(args, c, stop="trace", async_steps=pipelined))
+    engine.warmup()
+    engine.run_offline(_requests(ids[: min(len(ids), c)], out))  # warm
+    start = time.perf_counter()
+    rec = engine.run_offline(_requests(ids, out))
+    wall = time.perf_counter() - start
+    return {"tok_s": int(rec.num_output_tokens.sum()) / wall}
+
+
+def offline_low_load(model, args, ids: list[list[int]]) -> float:  # noqa: ANN001
+    """p50 TTFT of one-request offline runs."""
+    engine = Engine(model, engine_config(args, 1, stop="trace"))
+    engine.warmup()
+    ttft = []
+    for i, p in enumerate([ids[0], *ids]):
+        rec = engine.run_offline(_requests([p], args.low_load_output))
+        if i:  # the first run warms up
+            ttft.append(rec.tokens_of(0)[0] - rec.arrival_time[0])
+    return statistics.median(ttft)
+
+
+def _requests(ids: list[list[int]], out: int) -> list[Request]:
+    return [Request(i, 0.0, len(p), out, out, prompt_token_ids=tuple(p)) for i, p in enumerate(ids)]
+
+
+def http(url: str, ids: list[list[int]], out: int, c: int) -> dict:
+    """Tokens/s and client-side p50 TTFT and ITL of ``ids`` through ``c`` streams (the client
+    in a spawned process)."""
+    body = {"max_tokens": out, "min_tokens": out, "ignore_eos": True, "temperature": 0}
+    body.update(stream=True, stream_options={"include_usage": True})
+    bodies = [{**body, "prompt": p} for p in ids]
+    job = json.dumps({"url": url, "bodies": bodies, "concurrency": c})
+    cmd = [sys.executable, "-m", "executor.serve.bench_client"]
+    proc = subprocess.run(cmd, input=job, capture_output=True, text=True, check=False)
+    if proc.returncode:
+        raise RuntimeError(f"the benchmark client failed:\n{proc.stderr}")
+    result = json.loads(proc.stdout)
+    timings = result["timings"]
+    tokens = sum(t["num_tokens"] for t in timings)
+    ttft = [t["token_times"][0] - t["sent"] for t in timings]
+    itl = [b - a for t in timings for a, b in zip(t["token_times"], t["token_times"][1:])]
+    return {
+        "tok_s": tokens / result["wall"],
+        "ttft_p50_s": statistics.median(ttft),
+        "itl_p50_s": statistics.median(itl) if itl else float("nan"),
+        "tokens": tokens,
+        "expected_tokens": len(ids) * out,
+    }
+
+
+def run(args: argparse.Namespace) -> dict:
+    """Every figure of the benchmark (see the module docstring)."""
+    from executor.serve.server import ServerThread, build_server
+
+    torch.manual_seed(args.seed)
+    if args.torch_threads:
+        torch.set_num_threads(args.torch_threads)
+    model, tokenizer = load_model(args.model, args.dtype, args.device, args.seed)
+    vocab = model.config.vocab_size
+    levels = _levels(args)
+    ids = prompts(args.requests, args.prompt_len, vocab, args.seed)
+    low = prompts(args.low_load_requests, args.prompt_len, vocab, args.seed + 1)
+    server = build_server(
+        model,
+        tokenizer,
+        engine_config(args, max(levels)),
+        args.model,
+        args.policy,
+        max_waiting=max(args.requests, 1) + 16,
+    )
+    server.live.start()
+    server.live.call(server.live.engine.warmup).result()
+    thread = ServerThread(server.app)
+    thread.start()
+    rows = []
+    try:
+        http(thread.url, low[:2], args.low_load_output, 1)  # warm
+        low_http = http(thread.url, low, args.low_load_output, 1)
+        for c in levels:
+            rows.append({"concurrency": c, "http": http(thread.url, ids, args.output_len, c)})
+    finally:
+        thread.stop()
+        server.live.close()
+    del server
+    _free_all()
+    for row in rows:
+        c = row["concurrency"]
+        row["offline"] = offline(model, args, ids, args.output_len, c, pipelined=None)
+        _free_all()  # each run's KV tensor before the next one's
+        row["offline_serial"] = offline(model, args, ids, args.output_len, c, pipelined=False)
+        _free_all()
+    low_offline = offline_low_load(model, args, low)
+    return {
+        "model": args.model,
+        "device": args.device,
+        "device_name": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu",
+        "policy": args.policy,
+        "prompt_len": args.prompt_len,
+        "output_len": args.output_len,
+        "requests": args.requests,
+        "rows": rows,
+        "low_load": {
+            "requests": args.low_load_requests,
+            "output_len": args.low_load_output,
+            "http_ttft_p50_s": low_http["ttft_p50_s"],
+            "offline_ttft_p50_s": low_offline,
+        },
+    }
+
+
+def _free_all() -> None:
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def table(result: dict) -> str:
+    lines = [
+        f"{result['model']} on {result['device_name']}, {result['policy']}, "
+        f"{result['requests']} requests of {result['prompt_len']} + {result['output_len']} tokens",
+        f"{'streams':>8} {'http tok/s':>11} {'offline tok/s':>14} {'serial tok/s':>13} "
+        f"{'http/offline':>13} {'http TTFT p50':>14} {'http ITL p50':>13}",
+    ]
+    for r in result["rows"]:
+        h, o, s = r["http"], r["offline"], r["offline_serial"]
+        lines.append(
+            f"{r['concurrency']:>8} {h['tok_s']:>11.1f} {o['tok_s']:>14.1f} {s['tok_s']:>13.1f} "
+            f"{h['tok_s'] / o['tok_s']:>13.2f} {h['ttft_p50_s'] * 1e3:>11.1f} ms "
+            f"{h['itl_p50_s'] * 1e3:>10.2f} ms"
+        )
+    low = result["low_load"]
+    lines.append(
+        f"low load ({low['requests']} requests one at a time, {low['output_len']} tokens): "
+        f"p50 TTFT http {low['http_ttft_p50_s'] * 1e3:.1f} ms, "
+        f"offline {low['offline_ttft_p50_s'] * 1e3:.1f} ms"
+    )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    result = run(args)
+    print(table(result))
+    if args.json_out:
+        with open(args.json_out, "w") as f:
+            json.dump(result, f, indent=1)
+        print(f"wrote {args.json_out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

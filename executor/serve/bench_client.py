@@ -1,0 +1,76 @@
+"""The benchmark's HTTP client (imports only httpx): ``concurrency`` closed-loop workers
+stream completions of token-id prompts and time every token. ``executor.serve.bench`` runs it
+as its own process (``python -m executor.serve.bench_client``: a JSON job on stdin, the
+result on stdout), so that its CPU time does not share the server's interpreter."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+from dataclasses import asdict, dataclass
+
+import httpx
+
+
+@dataclass
+class Timing:
+    """One request as the client saw it (perf_counter seconds)."""
+
+    sent: float
+    token_times: list[float]
+    num_tokens: int  # from the usage chunk
+    finish_reason: str | None
+
+
+async def _one(client: httpx.AsyncClient, body: dict) -> Timing:
+    sent = time.perf_counter()
+    times: list[float] = []
+    tokens, finish = 0, None
+    async with client.stream("POST", "/v1/completions", json=body) as r:
+        r.raise_for_status()
+        async for line in r.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if chunk.get("usage"):
+                tokens = chunk["usage"]["completion_tokens"]
+            for c in chunk.get("choices", ()):
+                times.append(time.perf_counter())
+                finish = c.get("finish_reason") or finish
+    return Timing(sent, times, tokens, finish)
+
+
+async def _run(url: str, bodies: list[dict], concurrency: int) -> tuple[float, list[Timing]]:
+    limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency)
+    queue: asyncio.Queue[dict] = asyncio.Queue()
+    for b in bodies:
+        queue.put_nowait(b)
+    out: list[Timing] = []
+    async with httpx.AsyncClient(base_url=url, limits=limits, timeout=600) as client:
+
+        async def worker() -> None:
+            while not queue.empty():
+                out.append(await _one(client, queue.get_nowait()))
+
+        start = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        return time.perf_counter() - start, out
+
+
+def run_load(url: str, bodies: list[dict], concurrency: int) -> dict:
+    """Serve ``bodies`` through ``concurrency`` streams; wall seconds and each request's
+    timings (plain dicts: picklable across processes)."""
+    wall, timings = asyncio.run(_run(url, bodies, concurrency))
+    return {"wall": wall, "timings": [asdict(t) for t in timings]}
+
+
+def main() -> None:
+    """stdin: ``{"url", "bodies", "concurrency"}``; stdout: ``run_load``'s result."""
+    job = json.load(sys.stdin)
+    json.dump(run_load(job["url"], job["bodies"], job["concurrency"]), sys.stdout)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,30 @@
+"""What the engine thread tells a request's handler, once per token (and at its end)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+FINISH_REASONS = ("stop", "length", "abort", "error")
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One request's news from one step.
+
+    Attributes:
+        request_id: the engine's id of the request.
+        text: text that the step's token completes (may be ""; stop strings cut out).
+        token_ids: the token(s) generated (empty for an abort or an error).
+        num_output_tokens: tokens generated so far.
+        finish_reason: None while it runs, else one of ``FINISH_REASONS``.
+        time: ``time.perf_counter()`` when the step's tokens were read.
+        error: what went wrong (finish reason "error").
+    """
+
+    request_id: int
+    text: str
+    token_ids: tuple[int, ...]
+    num_output_tokens: int
+    finish_reason: str | None
+    time: float
+    error: str = ""

@@ -1,0 +1,53 @@
+"""What ``--model`` names: a model with real weights and its tokenizer, or a shape with random
+weights and the byte tokenizer (forced-length studies, tests).
+
+* a named model of ``executor.named_models`` (e.g. ``smollm2-135m-instruct``): its weights and
+  tokenizer, through ``load_named``;
+* a preset shape (``executor.model.config.preset_names()``, e.g. ``qwen2.5-7b``), or ``tiny``
+  (the tests' 2-layer model): seeded random weights, ``ByteTokenizer``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from executor.model import CausalLM, ModelConfig
+from executor.model.config import preset_names
+from executor.model.testing import tiny_config
+from executor.serve.byte_tokenizer import ByteTokenizer
+from executor.serve.protocol import TokenizerLike
+
+TINY = "tiny"
+
+
+def random_shapes() -> list[str]:
+    return [TINY, *preset_names()]
+
+
+def load_model(
+    name: str, dtype: str | None, device: str, seed: int = 0
+) -> tuple[CausalLM, TokenizerLike]:
+    """The model ``name`` on ``device`` in ``dtype`` (None: the shape's own; float32 for
+    ``tiny``) and its tokenizer.
+
+    Raises:
+        ValueError: an unknown name (listing the random shapes; named models are
+            ``executor.named_models``'), or a named model without that module.
+    """
+    if name in random_shapes():
+        config = tiny_config() if name == TINY else ModelConfig.for_preset(name)
+        torch_dtype = getattr(torch, dtype) if dtype else config.torch_dtype
+        model = CausalLM(config, device=device, dtype=torch_dtype)
+        from executor.bench import device_random_weights
+
+        device_random_weights(model, seed, std=0.2 if name == TINY else 0.02)
+        return model, ByteTokenizer()
+    try:
+        from executor.named_models import load_named
+    except ImportError:
+        raise ValueError(
+            f"unknown model {name!r}: random-weight shapes are {', '.join(random_shapes())}; "
+            "named models need executor.named_models"
+        ) from None
+    kw = {"device": device} if dtype is None else {"dtype": dtype, "device": device}
+    return load_named(name, **kw)

@@ -1,0 +1,96 @@
+"""The engine's backend for live serving: per-request stopping rules and token events.
+
+It is ``executor.engine_backend.EngineBackend`` run serially (the stopping rules read every
+token's value, so a step is read back before the next is planned), with the stopping rule of
+each request's ``Generation`` instead of a run-wide one, and each step's events handed to
+``publish`` in one call.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+
+from executor.engine_backend import EngineBackend
+from executor.runner import ModelRunner
+from executor.serve.events import Event
+from executor.serve.generation import Generation
+from horizon.plan import StepPlan, StepResult
+from horizon.request import Request
+from horizon.scheduler import Scheduler
+from horizon.wall_clock import WallClock
+
+Publish = Callable[[list[Event]], None]
+
+
+class StreamBackend(EngineBackend):
+    """``generations[request_id]`` for every request the scheduler holds (waiting or running).
+
+    Contracts:
+        * ``add`` a request's generation before the scheduler sees the request.
+        * ``forget`` the scheduler's aborted requests (``take_aborted``) at a step boundary.
+        * ``flush`` hands the events collected since the last flush to ``publish`` (``execute``
+          flushes at its end).
+    """
+
+    def __init__(
+        self, runner: ModelRunner, sched: Scheduler, clock: WallClock, publish: Publish
+    ) -> None:
+        super().__init__(runner, sched, clock, pipelined=False, eos=frozenset(), stop="eos")
+        self.generations: dict[int, Generation] = {}
+        self.num_preemptions = 0
+        self._publish = publish
+        self._events: list[Event] = []
+
+    def add(self, generation: Generation) -> None:
+        assert generation.request_id not in self.generations
+        self.generations[generation.request_id] = generation
+
+    def execute(self, plan: StepPlan) -> StepResult:
+        """Run the plan; each emitted token goes through its request's stopping rule."""
+        t0 = time.perf_counter()
+        self.num_preemptions += len(plan.preempted)
+        out = self.runner.execute(plan, self.sched.kv.blocks_of)
+        now = time.perf_counter()
+        gens, events, finished = self.generations, self._events, []
+        for r, token in zip(out.requests, out.tokens):
+            event = gens[r.request_id].push(token, now)
+            events.append(event)
+            if event.finish_reason is not None:
+                finished.append(r)
+        for r in finished:
+            self.runner.release(r)
+            del gens[r.request_id]
+        self.flush()
+        return StepResult(time.perf_counter() - t0, tuple(finished))
+
+    def end(self, requests: Iterable[Request], reason: str, now: float, error: str = "") -> None:
+        """Requests that left the scheduler without finishing (aborted, rejected): the runner
+        drops them, their handlers get a last event."""
+        for r in requests:
+            self.runner.drop(r)
+            gen = self.generations.pop(r.request_id)
+            self._events.append(gen.end(reason, now, error))
+
+    def fail_all(self, error: str) -> None:
+        """The engine stopped: every request still held ends with an error."""
+        now = time.perf_counter()
+        self._events.extend(g.end("error", now, error) for g in self.generations.values())
+        self.generations.clear()
+        self.flush()
+
+    def flush(self) -> None:
+        if self._events:
+            events, self._events = self._events, []
+            self._publish(events)
+
+    def check_integrity(self) -> None:
+        """The runner's own checks, and one generation for each request the scheduler holds."""
+        self.runner.check_integrity()
+        sched, gens = self.sched, self.generations
+        assert all(rid in gens for rid in sched.running), "a running request has no generation"
+        assert len(gens) == len(sched.running) + sched.num_waiting, (
+            f"{len(gens)} generations for {len(sched.running)} running and "
+            f"{sched.num_waiting} waiting requests"
+        )
+        assert not self._events, "events left unpublished"
