@@ -1,7 +1,8 @@
 """The server driven by the ``openai`` package over real HTTP (uvicorn on localhost, the tiny
 random-weight model on the CPU, the byte tokenizer): completions and chat, streamed and not,
-concurrent streams, forced lengths, stop strings, seeds, aborts on disconnect; the scheduler's,
-runner's and backend's integrity after every test."""
+concurrent streams, forced lengths, stop strings, seeds, aborts on disconnect, a full queue,
+preemptions, an engine failure; the scheduler's, runner's and backend's integrity after every
+test."""
 
 from __future__ import annotations
 
@@ -11,10 +12,11 @@ import time
 import httpx
 import openai
 import pytest
-from serve_fixtures import MODEL, served, settle, stall, tiny_model
+from serve_fixtures import MODEL, served, settle, stall, tiny_config_for_serving, tiny_model
 from test_engine_offline import dense_greedy
 
 from executor.serve.byte_tokenizer import ByteTokenizer
+from executor.serve.server import ServerThread, build_server
 
 TOK = ByteTokenizer()
 EOS = set(TOK.eos_token_ids)
@@ -284,3 +286,59 @@ def test_a_full_queue_answers_429(model):
         err = third.json()["error"]
         assert err["code"] == "rate_limit_exceeded" and "waiting" in err["message"]
         settle(s)
+
+
+def test_preemption_keeps_outputs_exact(model):
+    """40 blocks of 4 tokens cannot hold four requests of ~10 + 60 tokens: some are preempted
+    and recomputed; each output is still its dense greedy decode. The policy is named by its
+    import path."""
+    prompts = [f"preempt {i}" for i in range(4)]
+    expect = [TOK.decode(dense_greedy(model, TOK.encode(p), 60)) for p in prompts]
+    lpf = "horizon.policies.lpf:LongestPromptFirst"
+    with served(model, policy=lpf, num_blocks=40, max_num_seqs=4) as (s, http):
+        assert type(s.live.sched.policy).__name__ == "LongestPromptFirst"
+        client = openai.AsyncOpenAI(base_url=http.url + "/v1", api_key="-", max_retries=0)
+
+        async def one(p: str) -> str:
+            r = await client.completions.create(
+                model=MODEL,
+                prompt=p,
+                max_tokens=60,
+                temperature=0,
+                extra_body={"ignore_eos": True},
+            )
+            return r.choices[0].text
+
+        async def all_of():
+            try:
+                return await asyncio.gather(*(one(p) for p in prompts))
+            finally:
+                await client.close()
+
+        assert asyncio.run(all_of()) == expect
+        settle(s)
+        assert s.live.stats.num_preemptions > 0
+        assert "vllm:num_preemptions_total" in httpx.get(http.url + "/metrics").text
+
+
+def test_an_engine_failure_is_answered_and_reported(model):
+    server = build_server(model, TOK, tiny_config_for_serving(), MODEL)
+
+    def broken(plan):
+        raise RuntimeError("the step failed")
+
+    server.live.backend.execute = broken
+    server.live.start()
+    http = ServerThread(server.app)
+    http.start()
+    try:
+        r = httpx.post(http.url + "/v1/completions", json={"prompt": "a", "max_tokens": 3})
+        assert r.status_code == 500 and "the step failed" in r.json()["error"]["message"]
+        assert r.json()["error"]["type"] == "server_error"
+        assert httpx.get(http.url + "/health").status_code == 503
+        r = httpx.post(http.url + "/v1/completions", json={"prompt": "a", "max_tokens": 3})
+        assert r.status_code == 503
+    finally:
+        http.stop()
+        server.live.close()
+    assert isinstance(server.live.error, RuntimeError)

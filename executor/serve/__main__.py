@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
             args.policy,
             args.max_waiting,
         )
-    except ValueError as e:
+    except (ValueError, FileNotFoundError) as e:  # a wrong name, weights not installed
         print(f"error: {e}", file=sys.stderr)
         return 2
     live = server.live

@@ -50,72 +50,90 @@ def build_app(
         yield
 
     app = FastAPI(title="horizon", lifespan=lifespan)
-    created = int(time.time())
-    vocab = live.engine.model.config.vocab_size
+    app.add_exception_handler(ApiError, _api_error)
+    app.add_exception_handler(HTTPException, _http_error)
+    api = Api(live, hub, tokenizer, model_name)
+    app.add_api_route("/v1/models", api.models, methods=["GET"])
+    app.add_api_route("/v1/models/{model_id:path}", api.model, methods=["GET"])
+    app.add_api_route("/health", api.health, methods=["GET"])
+    app.add_api_route("/metrics", api.metrics, methods=["GET"])
+    app.add_api_route("/v1/completions", api.completions, methods=["POST"])
+    app.add_api_route("/v1/chat/completions", api.chat_completions, methods=["POST"])
+    return app
 
-    @app.exception_handler(ApiError)
-    async def api_error(request: Request, e: ApiError) -> JSONResponse:
-        return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
 
-    @app.exception_handler(HTTPException)
-    async def http_error(request: Request, e: HTTPException) -> JSONResponse:
-        err = ApiError(str(e.detail), e.status_code, type="invalid_request_error")
-        return JSONResponse(err.body(), status_code=e.status_code)
+class Api:
+    """The endpoints of one served model (``model_name``)."""
 
-    def model_card() -> dict[str, Any]:
+    def __init__(
+        self, live: LiveEngine, hub: StreamHub, tokenizer: TokenizerLike, model_name: str
+    ) -> None:
+        self.live, self.hub, self.tokenizer, self.model_name = live, hub, tokenizer, model_name
+        self.created = int(time.time())
+        self.vocab_size = live.engine.model.config.vocab_size
+
+    def _card(self) -> dict[str, Any]:
         return {
-            "id": model_name,
+            "id": self.model_name,
             "object": "model",
-            "created": created,
+            "created": self.created,
             "owned_by": "horizon",
-            "max_model_len": live.config.max_model_len,
+            "max_model_len": self.live.config.max_model_len,
         }
 
-    @app.get("/v1/models")
-    async def models() -> dict[str, Any]:
-        return {"object": "list", "data": [model_card()]}
+    async def models(self) -> dict[str, Any]:
+        return {"object": "list", "data": [self._card()]}
 
-    @app.get("/v1/models/{model_id:path}")
-    async def model(model_id: str) -> dict[str, Any]:
-        _check_model(model_id, model_name)
-        return model_card()
+    async def model(self, model_id: str) -> dict[str, Any]:
+        _check_model(model_id, self.model_name)
+        return self._card()
 
-    @app.get("/health")
-    async def health() -> Response:
-        if live.alive:
+    async def health(self) -> Response:
+        if self.live.alive:
             return Response(status_code=200)
         return JSONResponse(ApiError("the engine is not running", 503).body(), status_code=503)
 
-    @app.get("/metrics")
-    async def metrics() -> PlainTextResponse:
-        text = hub.metrics.render(live.stats, live.inbox.num_waiting)
+    async def metrics(self) -> PlainTextResponse:
+        text = self.hub.metrics.render(self.live.stats, self.live.inbox.num_waiting)
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4; charset=utf-8")
 
-    async def generate(request: Request, chat: bool) -> Response:
+    async def completions(self, request: Request) -> Response:
+        return await self._generate(request, chat=False)
+
+    async def chat_completions(self, request: Request) -> Response:
+        return await self._generate(request, chat=True)
+
+    async def _generate(self, request: Request, chat: bool) -> Response:
+        """Check the body, submit the request, answer streamed or whole."""
         body = parse_json(await request.body())
         req = parse_chat(body) if chat else parse_completion(body)
         if req.model is not None:
-            _check_model(req.model, model_name)
-        ids = prompt_ids(req, tokenizer, vocab)
+            _check_model(req.model, self.model_name)
+        ids = prompt_ids(req, self.tokenizer, self.vocab_size)
+        live = self.live
         params = generation_params(req, len(ids), live)
         arrival = time.perf_counter()
         rid = _submit(live, ids, params)
-        stream = hub.open(rid, len(ids), arrival)
-        fmt = ResponseFormat(chat, model_name, req.include_usage)
-        abort = lambda: live.abort(rid)  # noqa: E731
+        stream = self.hub.open(rid, len(ids), arrival)
+        fmt = ResponseFormat(chat, self.model_name, req.include_usage)
+
+        def abort() -> None:
+            live.abort(rid)
+
         if req.stream:
             return streamed(stream, fmt, abort)
         return await collected(stream, fmt, abort, request)
 
-    @app.post("/v1/completions")
-    async def completions(request: Request) -> Response:
-        return await generate(request, chat=False)
 
-    @app.post("/v1/chat/completions")
-    async def chat_completions(request: Request) -> Response:
-        return await generate(request, chat=True)
+async def _api_error(request: Request, e: Exception) -> JSONResponse:
+    assert isinstance(e, ApiError)
+    return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
 
-    return app
+
+async def _http_error(request: Request, e: Exception) -> JSONResponse:
+    assert isinstance(e, HTTPException)
+    err = ApiError(str(e.detail), e.status_code)
+    return JSONResponse(err.body(), status_code=e.status_code, headers=e.headers)
 
 
 def _check_model(name: str, served: str) -> None:

@@ -10,6 +10,7 @@ thread: hand them on, e.g. with ``loop.call_soon_threadsafe``, and return).
 from __future__ import annotations
 
 import threading
+import time
 import traceback
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
@@ -162,8 +163,6 @@ class LiveEngine:
 
     def wait_idle(self, timeout: float = 30.0) -> None:
         """Until nothing runs or waits (e.g. after a test's requests); TimeoutError else."""
-        import time
-
         deadline = time.monotonic() + timeout
         while self.call(lambda: self.sched.has_work or self.inbox.num_waiting).result(timeout):
             if time.monotonic() > deadline:

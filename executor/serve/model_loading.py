@@ -31,8 +31,8 @@ def load_model(
     ``tiny``) and its tokenizer.
 
     Raises:
-        ValueError: an unknown name (listing the random shapes; named models are
-            ``executor.named_models``'), or a named model without that module.
+        ValueError: an unknown name (listing the named models and the random shapes).
+        FileNotFoundError: a named model whose weights' package is not installed.
     """
     if name in random_shapes():
         config = tiny_config() if name == TINY else ModelConfig.for_preset(name)
@@ -43,11 +43,13 @@ def load_model(
         device_random_weights(model, seed, std=0.2 if name == TINY else 0.02)
         return model, ByteTokenizer()
     try:
-        from executor.named_models import load_named
+        from executor.named_models import load_named, named_model_names
     except ImportError:
+        load_named, named_model_names = None, list
+    if load_named is None or name not in named_model_names():
         raise ValueError(
-            f"unknown model {name!r}: random-weight shapes are {', '.join(random_shapes())}; "
-            "named models need executor.named_models"
-        ) from None
+            f"unknown model {name!r}; named models: {', '.join(named_model_names()) or 'none'}; "
+            f"random-weight shapes: {', '.join(random_shapes())}"
+        )
     kw = {"device": device} if dtype is None else {"dtype": dtype, "device": device}
     return load_named(name, **kw)
