@@ -378,7 +378,7 @@ class Scheduler:
             r.status = RequestStatus.FINISHED
             rec.finish(r)
         if self._aborting:
-            for rid in self._aborting:
+            for rid in sorted(self._aborting):  # a fixed order: the free queue's
                 r = self.running.get(rid)
                 if r is not None:  # else it finished in this very step
                     self._abort_running(r)
@@ -429,8 +429,10 @@ class Scheduler:
             ValueError: the request is in a KV transfer (disaggregation), which cannot be
                 aborted.
         """
-        if request_id in self._handed or request_id in self._importing or any(
-            r.request_id == request_id for r in self._ready
+        if (
+            request_id in self._handed
+            or request_id in self._importing
+            or any(r.request_id == request_id for r in self._ready)
         ):
             raise ValueError(f"request {request_id} is in a KV transfer: it cannot be aborted")
         r = self.running.get(request_id)

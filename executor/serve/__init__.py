@@ -6,6 +6,6 @@ requests and aborts to. Each step's tokens become per-request events (text delta
 reasons) handed to the asyncio loop in one ``call_soon_threadsafe`` call; each request's
 handler reads its own queue (``streams.StreamHub``). See ``app.py`` for the endpoints.
 
-Importing this package pulls no web framework: ``app`` and ``server_thread`` import FastAPI
-and uvicorn (the ``serve`` extra).
+Importing this package pulls no web framework: ``app``, ``responses`` and ``server`` import
+FastAPI and uvicorn (the ``serve`` extra).
 """

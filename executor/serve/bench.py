@@ -143,40 +143,41 @@ def http(url: str, ids: list[list[int]], out: int, c: int) -> dict:
     }
 
 
-def run(args: argparse.Namespace) -> dict:
-    """Every figure of the benchmark (see the module docstring)."""
+def served(model, tokenizer, args, ids, low) -> tuple[list[dict], dict]:  # noqa: ANN001
+    """The HTTP figures: per concurrency level, and at low load. The server (its KV tensor
+    with it) is gone when this returns."""
     from executor.serve.server import ServerThread, build_server
 
+    levels = _levels(args)
+    config = engine_config(args, max(levels))
+    waiting = max(args.requests, 1) + 16
+    server = build_server(model, tokenizer, config, args.model, args.policy, waiting)
+    server.live.start()
+    server.live.call(server.live.engine.warmup).result()
+    thread = ServerThread(server.app)
+    thread.start()
+    try:
+        http(thread.url, low[:2], args.low_load_output, 1)  # warm
+        low_http = http(thread.url, low, args.low_load_output, 1)
+        rows = [
+            {"concurrency": c, "http": http(thread.url, ids, args.output_len, c)} for c in levels
+        ]
+    finally:
+        thread.stop()
+        server.live.close()
+    return rows, low_http
+
+
+def run(args: argparse.Namespace) -> dict:
+    """Every figure of the benchmark (see the module docstring)."""
     torch.manual_seed(args.seed)
     if args.torch_threads:
         torch.set_num_threads(args.torch_threads)
     model, tokenizer = load_model(args.model, args.dtype, args.device, args.seed)
     vocab = model.config.vocab_size
-    levels = _levels(args)
     ids = prompts(args.requests, args.prompt_len, vocab, args.seed)
     low = prompts(args.low_load_requests, args.prompt_len, vocab, args.seed + 1)
-    server = build_server(
-        model,
-        tokenizer,
-        engine_config(args, max(levels)),
-        args.model,
-        args.policy,
-        max_waiting=max(args.requests, 1) + 16,
-    )
-    server.live.start()
-    server.live.call(server.live.engine.warmup).result()
-    thread = ServerThread(server.app)
-    thread.start()
-    rows = []
-    try:
-        http(thread.url, low[:2], args.low_load_output, 1)  # warm
-        low_http = http(thread.url, low, args.low_load_output, 1)
-        for c in levels:
-            rows.append({"concurrency": c, "http": http(thread.url, ids, args.output_len, c)})
-    finally:
-        thread.stop()
-        server.live.close()
-    del server
+    rows, low_http = served(model, tokenizer, args, ids, low)
     _free_all()
     for row in rows:
         c = row["concurrency"]
