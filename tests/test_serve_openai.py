@@ -259,7 +259,7 @@ def test_disconnected_stream_aborts_its_request(server):
 
 def test_disconnected_request_aborts_while_waiting(server):
     before = _aborted(server)
-    stall(server[0], 1.0)
+    stall(server[0], 1.5)  # the client gives up at 0.3 s, the server sees it by 0.55 s
     body = {"model": MODEL, "prompt": "never served", "max_tokens": 8}
     with pytest.raises(httpx.TimeoutException):
         httpx.post(server[1].url + "/v1/completions", json=body, timeout=0.3)
