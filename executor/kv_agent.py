@@ -14,6 +14,11 @@ The driver (``executor.cluster_handoffs``) places handoffs; the workers move the
   (``finish_import``): the request is admitted at this very boundary. The report carries the
   reservation time (the transfer's start), the copy's end and the copy's own seconds.
 
+Time base: the serving loop reads its clock once per step boundary, before it admits; a step
+that computes an import's first token is recorded as starting at that reading, i.e. before the
+copy that the same boundary ran. A transfer's recorded end can therefore lie a little after
+its first decode step's recorded start (by that boundary's admission work).
+
 So a request's blocks are held on its prefill replica until "release" has been handled there,
 on both while the copy runs, and on its decode replica afterwards; the scheduler's and the
 cluster's ``check_integrity`` see exactly that.
