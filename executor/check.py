@@ -15,6 +15,13 @@ weights (``export_hf_state_dict``). Reported:
   near-flat logits, so near-ties are common and bf16 rounding alone flips some argmaxes.
 
 The last line is one JSON object with the figures.
+
+    python -m executor.check --named smollm2-135m-instruct [--continuation 32]
+
+With ``--named``, a model with real weights (``executor.named_models``) against HF loading the
+same GGUF file, in fp32 (on the GPU when there is one, else on the CPU with the torch attention
+backend): argmax agreement as above over chat and plain prompts, and each prompt's greedy
+continuation from both, side by side (neither stops at end-of-sequence).
 """
 
 from __future__ import annotations
@@ -217,6 +224,118 @@ def fused_parity(model: CausalLM, seed: int = 0) -> dict:
     return {"identical": float((diff == 0).float().mean()), "max_abs": float(diff.max())}
 
 
+# -- a named model with real weights against HF on the same GGUF file -------------------------
+NAMED_PROMPTS = (
+    "The capital of France is",
+    "def fibonacci(n):\n    ",
+    "Once upon a time, in a small village by the sea,",
+    "The three primary colors are",
+)
+NAMED_CHAT_PROMPTS = (
+    "What is the boiling point of water at sea level?",
+    "Write a haiku about autumn.",
+    "Name three planets of the solar system.",
+    "Explain in one sentence what a CPU does.",
+)
+
+
+def hf_gguf_model(path, device="cpu"):  # noqa: ANN001, ANN201
+    """HF ``AutoModelForCausalLM`` of the GGUF file at ``path`` (dequantized by transformers'
+    own loader), fp32, eval mode, on ``device``."""
+    from pathlib import Path
+
+    import transformers
+
+    path = Path(path)
+    load = transformers.AutoModelForCausalLM.from_pretrained
+    try:
+        hf = load(path.parent, gguf_file=path.name, dtype=torch.float32)
+    except TypeError:  # transformers 4.x
+        hf = load(path.parent, gguf_file=path.name, torch_dtype=torch.float32)
+    return hf.to(device=device, dtype=torch.float32).eval()
+
+
+@torch.no_grad()
+def _hf_greedy_no_stop(hf, prompt: Sequence[int], n: int) -> list[int]:  # noqa: ANN001
+    """``n`` greedy tokens, end-of-sequence included (no stopping), each from a full forward
+    of the sequence so far (no KV cache: the plainest reference, and no cache API to track)."""
+    dev = next(hf.parameters()).device
+    seq = list(prompt)
+    for _ in range(n):
+        seq.append(int(hf(torch.tensor([seq], device=dev)).logits[0, -1].argmax()))
+    return seq[len(prompt) :]
+
+
+def named_prompt_ids(tokenizer, plain: Sequence[str], chat: Sequence[str]) -> list[list[int]]:  # noqa: ANN001
+    """Plain prompts as they are, chat prompts as one user turn through the chat template."""
+    chats = [tokenizer.apply_chat_template([{"role": "user", "content": c}]) for c in chat]
+    return [tokenizer.encode(t) for t in [*plain, *chats]]
+
+
+def named_parity(
+    model: CausalLM, tokenizer, hf, prompts: list[list[int]], n_cont: int, chunk: int = 8
+) -> dict:  # noqa: ANN001
+    """Our engine (``model``, greedy, ``stop="trace"``) against ``hf`` on ``prompts``:
+    teacher-forced argmax agreement over every position of prompt + HF's continuation (our
+    prompts in ``chunk``-token pieces over the paged context), and each prompt's ``n_cont``-token
+    greedy continuation from both, as ids and text."""
+    from executor.engine import Engine, EngineConfig
+
+    hf_cont = [_hf_greedy_no_stop(hf, p, n_cont) for p in prompts]
+    seqs = [p + c for p, c in zip(prompts, hf_cont)]
+    hf_arg = _hf_argmax(hf, seqs)
+    per_seq = [-(-len(s) // 16) + 1 for s in seqs]
+    engine = Engine(
+        model,
+        EngineConfig(
+            num_blocks=2 * sum(per_seq) + 8,
+            max_num_seqs=len(prompts),
+            max_num_batched_tokens=1024,
+            max_model_len=max(len(s) for s in seqs) + 16,
+        ),
+    )
+    reqs = [
+        Request(i, 0.0, len(p), n_cont, n_cont, prompt_token_ids=tuple(p))
+        for i, p in enumerate(prompts)
+    ]
+    engine.run_offline(reqs)
+    ours = [engine.outputs[i] for i in range(len(prompts))]
+    ours_arg = teacher_forced_argmax(
+        engine.runner, prompts, hf_cont, chunk, first_block=sum(per_seq)
+    )
+    return {
+        "positions": sum(len(a) for a in hf_arg),
+        "argmax_agreement": _agree(ours_arg, hf_arg),
+        "continuations_identical": sum(a == b for a, b in zip(ours, hf_cont)),
+        "prompts": len(prompts),
+        "side_by_side": [
+            {
+                "prompt": tokenizer.decode(p, skip_special=False),
+                "ours": tokenizer.decode(a, skip_special=False),
+                "hf": tokenizer.decode(b, skip_special=False),
+            }
+            for p, a, b in zip(prompts, ours, hf_cont)
+        ],
+        "ours_ids": ours,
+        "hf_ids": hf_cont,
+    }
+
+
+def check_named(name: str, n_cont: int) -> dict:
+    """``named_parity`` of the named model (fp32) on ``NAMED_PROMPTS`` + ``NAMED_CHAT_PROMPTS``,
+    on the GPU when there is one, else on the CPU."""
+    from executor.named_models import load_named, smollm2_path
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    t0 = time.perf_counter()
+    model, tokenizer = load_named(name, dtype="float32", device=device)
+    hf = hf_gguf_model(smollm2_path(), device)
+    prompts = named_prompt_ids(tokenizer, NAMED_PROMPTS, NAMED_CHAT_PROMPTS)
+    res = named_parity(model, tokenizer, hf, prompts, n_cont)
+    res["device"], res["seconds"] = device, round(time.perf_counter() - t0, 1)
+    return res
+
+
 def random_prompts(n: int, vocab: int, seed: int, lo: int = 8, hi: int = 400) -> list[list[int]]:
     g = torch.Generator().manual_seed(seed)
     lengths = torch.randint(lo, hi + 1, (n,), generator=g).tolist()
@@ -232,7 +351,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prompts", type=int, default=16)
     p.add_argument("--continuation", type=int, default=32)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--named", default=None, help="a named model with real weights, e.g. smollm2-135m-instruct"
+    )
     a = p.parse_args(argv)
+    if a.named:
+        return _main_named(a.named, a.continuation)
     if not torch.cuda.is_available():
         print("executor.check needs a CUDA GPU", file=sys.stderr)
         return 2
@@ -254,6 +378,22 @@ def main(argv: list[str] | None = None) -> int:
         )
         results.append(r)
     print(json.dumps({"model": a.model, "prompts": a.prompts, "results": results}))
+    return 0
+
+
+def _main_named(name: str, n_cont: int) -> int:
+    r = check_named(name, n_cont)
+    for row in r["side_by_side"]:
+        print(f"--- prompt: {row['prompt']!r}")
+        print(f"    ours: {row['ours']!r}")
+        print(f"    hf:   {row['hf']!r}")
+    print(
+        f"{name} float32 on {r['device']}: argmax agreement {r['argmax_agreement']:.4f} over "
+        f"{r['positions']} positions; {n_cont}-token greedy continuations identical "
+        f"{r['continuations_identical']}/{r['prompts']} ({r['seconds']} s)",
+        flush=True,
+    )
+    print(json.dumps({"model": name, **{k: v for k, v in r.items() if k != "side_by_side"}}))
     return 0
 
 
