@@ -59,7 +59,6 @@ class EngineHandoffs:
         self.now = now
         self.copy_s: dict[int, float] = {}
         self.refusals = 0
-        self._blocked: set[int] = set()  # decode replicas that refused since their last report
 
     @property
     def idle(self) -> bool:
@@ -81,7 +80,7 @@ class EngineHandoffs:
         for rid in rejected:
             sched.finished(rid)
         if self.remotes[i].role == "decode":
-            self._blocked.discard(i)
+            sched.blocked = False  # a fresh report: offered imports again
             if self.h.pending:
                 self.place()
 
@@ -89,14 +88,7 @@ class EngineHandoffs:
         """Start every pending handoff a decode replica can take (by its latest report)."""
         if not self.h.pending:
             return
-        for i in self._blocked:
-            self.scheds[i].blocked = True
-        try:
-            started = self.h.place(self.now())
-        finally:
-            for i in self._blocked:
-                self.scheds[i].blocked = False
-        for t in started:
+        for t in self.h.place(self.now()):
             r = t.request
             src_blocks = tuple(self.scheds[t.src].kv.blocks_of(r))
             self.inboxes[t.dst].put(("import", request_to_wire(r), t.num_tokens, t.src,
@@ -119,7 +111,7 @@ class EngineHandoffs:
         self.remotes[i].imported -= 1
         self.h.refused(t)
         self.refusals += 1
-        self._blocked.add(i)
+        self.scheds[i].blocked = True  # until its next report
         self.place()
 
     def table(self) -> dict[str, np.ndarray]:

@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from horizon.request import Request
+from horizon.scheduler import REJECT_KV_POOL, REJECT_MAX_MODEL_LEN
 
 Send = Callable[[tuple], None]
 
@@ -62,7 +63,7 @@ class RemoteScheduler:
         self.free_blocks = free_blocks
         self.reported: list[tuple[Request, float]] = []  # handed off, not yet taken
         self.sent: dict[int, int] = {}  # imports sent, unanswered: request id -> blocks
-        self.blocked = False  # set by the driver while the replica's latest refusal stands
+        self.blocked = False  # refused since its latest report: offered nothing until the next
 
     # -- prefill replica -------------------------------------------------------------------------
     def handed_off(self, r: Request, n: int, blocks: tuple[int, ...], ready: float) -> None:
@@ -84,9 +85,9 @@ class RemoteScheduler:
     def never_fits(self, r: Request) -> str:
         total = r.num_prompt_tokens + r.max_output_tokens
         if total > self.max_model_len:
-            return "max_model_len"
+            return REJECT_MAX_MODEL_LEN
         if -(-total // self.kv.block_size) > self.num_blocks:
-            return "kv_pool"
+            return REJECT_KV_POOL
         return ""
 
     def import_blocks(self, r: Request) -> int:
