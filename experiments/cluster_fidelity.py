@@ -5,7 +5,9 @@
     python -m experiments.cluster_engine_replay \
         --manifest gpu_inputs/cluster/n<N>/cluster_manifest.json --out ENGINE/n<N>
     python -m experiments.cluster_fidelity tabulate ENGINE    # -> results/cluster_fidelity/ tables
-    python -m experiments.cluster_fidelity compare            # from those tables
+    python -m experiments.cluster_fidelity fit-sharing ENGINE --source TEXT
+                                              # -> results/cluster_fidelity/device_sharing_fit.json
+    python -m experiments.cluster_fidelity compare            # from those tables and that fit
 
 Cases: N = 2 and 4 replicas of the Qwen2.5-0.5B shape (seeded random weights, 2,000 KV blocks
 each, fcfs) on one H200, routers round_robin, least_loaded and prefix_aware, a shared-prefix
@@ -16,7 +18,11 @@ replica's cost model fitted to the co-located engine steps of every case at the 
 (``sim``), and again with a model fitted to the *other* workload's steps only
 (``sim_other_workload_fit``: leave one workload out, the model never saw the steps it prices),
 and with the model of one replica alone on the GPU (``calibration/``), every replica's steps
-serialized on one shared device (``sim_shared_device``: nothing fitted to co-located steps).
+on one shared device: serialized first come first served (``sim_shared_device``: nothing
+fitted to co-located steps) and time-sliced (``sim_timeslice``: a mixed step's slice count
+fitted to the co-located steps' timestamps, ``simulator.device_sharing``). ``fit-sharing``
+needs the engine's records themselves (each step's start and end on the shared clock), which
+the tables do not keep; its output is committed beside them.
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ ENGINE = {
     "max_num_batched_tokens": 2048,
     "max_num_seqs": 256,
 }
+SHARING_FIT = "device_sharing_fit.json"  # fit-sharing's output, beside the tables
 SECONDS = 10.0  # arrivals span about this long per case
 # per replica count: workload -> loads (shared_prefix: req/s per replica; sessions: starts/s)
 LOADS = {  # around each knee: 4 co-located replicas share the GPU that 2 share
@@ -155,7 +162,10 @@ def load_engine_case(case_dir: Path):  # noqa: ANN201 - (ClusterRecords, meta)
         with np.load(case_dir / "transfers.npz") as z:
             transfers = {k: z[k] for k in z.files}
     rec = ClusterRecords(
-        parts, np.array(meta["assignment"], dtype=np.int64), float(meta["route_wall_s"]), names,
+        parts,
+        np.array(meta["assignment"], dtype=np.int64),
+        float(meta["route_wall_s"]),
+        names,
         transfers,
     )
     rec.check()
@@ -248,6 +258,182 @@ def parse_case(n: int, name: str) -> CaseKey:
     raise ValueError(f"case directory {name!r}: not <workload>_<load>_<router>[_rep]")
 
 
+def sharing_samples(engine_root: Path) -> dict:
+    """Every co-located engine step as the ``timeslice`` rule sees it, from the engine's
+    records under ``engine_root/n<N>/<case>/``: its plan's columns, its measured time, its
+    isolated time (the model of one replica alone), and the other replicas' steps in flight
+    when it was planned (the pipelined engine plans a step while the one before runs, as the
+    simulator submits it), as indices into the same arrays (-1: none)."""
+    import numpy as np
+
+    from simulator.engine_cost_model import step_rows
+
+    iso = isolated_cost_model()
+    parts: dict[str, list] = {k: [] for k in ("n", "sessions", "rows", "pred", "dur", "others")}
+    base = 0
+    for nd in sorted(engine_root.glob("n*")):
+        n = int(nd.name[1:])
+        for cd in sorted(p for p in nd.iterdir() if (p / "meta.json").exists()):
+            rec, _ = load_engine_case(cd)
+            reps = rec.replicas
+            starts = [np.maximum(r.step_start, np.r_[-np.inf, r.step_end[:-1]]) for r in reps]
+            offsets = base + np.cumsum([0] + [len(r.step_end) for r in reps])
+            for i, r in enumerate(reps):
+                rows = step_rows(r)
+                parts["rows"].append(rows)
+                parts["pred"].append(iso.predict_rows(rows))
+                parts["dur"].append(rows[:, -1])
+                parts["n"].append(np.full(len(rows), n))
+                parts["sessions"].append(np.full(len(rows), key_workload(cd.name) == "sessions"))
+                others = np.full((len(rows), n - 1), -1, dtype=np.int64)
+                for c, j in enumerate(j for j in range(len(reps)) if j != i):
+                    idx = np.searchsorted(starts[j], r.step_start, side="right") - 1
+                    ok = (idx >= 0) & (reps[j].step_end[np.maximum(idx, 0)] > r.step_start)
+                    others[ok, c] = offsets[j] + idx[ok]
+                parts["others"].append(others)
+            base = offsets[-1]
+    width = max(o.shape[1] for o in parts["others"])
+    parts["others"] = [
+        np.pad(o, ((0, 0), (0, width - o.shape[1])), constant_values=-1) for o in parts["others"]
+    ]
+    return {k: np.concatenate(v) for k, v in parts.items()}
+
+
+def key_workload(case: str) -> str:
+    return "shared_prefix" if case.startswith("shared_prefix") else "sessions"
+
+
+def slice_labels(x: dict):  # noqa: ANN201 - ndarray
+    """Each step's measured slice count: its time beyond its own, in rounds of its neighbours'
+    steps in flight (``round((measured - isolated) / sum of their isolated times)``, 1-4;
+    NaN without a neighbour in flight)."""
+    import numpy as np
+
+    o = x["others"]
+    round_s = np.where(o >= 0, x["pred"][np.maximum(o, 0)], 0.0).sum(axis=1)
+    s = (x["dur"] - x["pred"]) / np.where(round_s > 0, round_s, np.nan)
+    return np.clip(np.round(s), 1, 4)
+
+
+def fit_slices(x: dict, iterations: int = 3000) -> tuple:
+    """The mixed steps' slice weights: least squares of ``SLICE_TERMS`` on the label's
+    midpoint (``label - 0.5``), then a seeded local search for the weights whose
+    ``max(1, ceil(w . x))`` equals most labels. Returns (weights, accuracy)."""
+    import numpy as np
+
+    lab = slice_labels(x)
+    sel = (x["rows"][:, 0] > 0) & np.isfinite(lab)
+    feats = _slice_matrix(x["rows"][sel])
+    y = lab[sel]
+    w = np.linalg.lstsq(feats, y - 0.5, rcond=None)[0]
+
+    def acc(v):  # noqa: ANN001, ANN202
+        return float((np.maximum(1, np.ceil(feats @ v)) == y).mean())
+
+    best, rng = (acc(w), w), np.random.default_rng(0)
+    for _ in range(iterations):
+        v = best[1] * (1 + 0.05 * rng.standard_normal(len(w)))
+        a = acc(v)
+        if a > best[0]:
+            best = (a, v)
+    return tuple(float(v) for v in best[1]), best[0]
+
+
+def _slice_matrix(rows):  # noqa: ANN001, ANN202 - STEP_COLUMNS rows -> SLICE_TERMS matrix
+    import numpy as np
+
+    return np.stack(
+        [
+            np.ones(len(rows)),
+            rows[:, 0] + rows[:, 1],
+            rows[:, 4] / 1e3,
+            rows[:, 3],
+            rows[:, 2],
+            rows[:, 1],
+        ],
+        axis=1,
+    )
+
+
+def replay_sharing(x: dict, weights: tuple) -> dict:
+    """The ``timeslice`` rule on the engine's own neighbours: each step's modelled time
+    ``isolated + n * sum_j isolated_j / n_j`` (``j`` its neighbours in flight), and the factor
+    on the neighbours' slices that best matches the measured step-time quantiles (0.5-0.95)
+    per step kind: 1 means no switch cost beyond the slices."""
+    import numpy as np
+
+    mixed = x["rows"][:, 0] > 0
+    n = np.where(mixed, np.maximum(1, np.ceil(_slice_matrix(x["rows"]) @ np.array(weights))), 1)
+    o = x["others"]
+    per = np.where(o >= 0, (x["pred"] / n)[np.maximum(o, 0)], 0.0).sum(axis=1)
+    busy = (o >= 0).any(axis=1)
+    qs = np.linspace(0.5, 0.95, 10)
+    factor = {}
+    for kind, sel in (("decode", busy & ~mixed), ("mixed", busy & mixed)):
+        q_eng = np.quantile(x["dur"][sel], qs)
+        errs = {
+            round(c, 2): float(
+                np.mean(np.abs(np.quantile((x["pred"] + c * n * per)[sel], qs) / q_eng - 1))
+            )
+            for c in np.arange(0.8, 1.3, 0.01)
+        }
+        factor[kind] = min(errs, key=errs.get)
+    return {"model": x["pred"] + n * per, "busy": busy, "mixed": mixed, "switch_factor": factor}
+
+
+def fit_sharing(engine_root: Path, source: str) -> dict:
+    """The ``timeslice`` rule's weights and how the rule replays the engine's steps; also
+    processor sharing's coefficient per step kind, the median ``(measured / isolated - 1) / k``
+    (``k`` neighbours in flight), for comparison."""
+    import numpy as np
+
+    from simulator.device_sharing import SLICE_TERMS
+
+    x = sharing_samples(engine_root)
+    weights, accuracy = fit_slices(x)
+    rep = replay_sharing(x, weights)
+    k = (x["others"] >= 0).sum(axis=1)
+    ps = (x["dur"] / x["pred"] - 1) / np.maximum(k, 1)
+    groups = []
+    for n in sorted(set(x["n"].tolist())):
+        for sessions, w in ((True, "sessions"), (False, "shared_prefix")):
+            for kind, kind_sel in (("decode", ~rep["mixed"]), ("mixed", rep["mixed"])):
+                sel = rep["busy"] & kind_sel & (x["n"] == n) & (x["sessions"] == sessions)
+                groups.append(_replay_group(x["dur"][sel], rep["model"][sel], n, w, kind))
+    return {
+        "rule": "timeslice: end = start + isolated + n * sum_j isolated_j / n_j over the other "
+        "replicas' steps j in flight at submission; n = 1 for decode-only steps, "
+        "max(1, ceil(weights . terms)) for steps with prefill chunks",
+        "source": source,
+        "timeslice": {"terms": list(SLICE_TERMS), "weights": list(weights)},
+        "slice_label_accuracy": round(accuracy, 4),
+        "switch_factor_fitted": rep["switch_factor"],
+        "processor_sharing_a": {
+            kind: round(float(np.median(ps[sel & (k >= 1)])), 4)
+            for kind, sel in (("decode", ~rep["mixed"]), ("mixed", rep["mixed"]))
+        },
+        "steps_with_a_neighbour": int(rep["busy"].sum()),
+        "replay": groups,
+    }
+
+
+def _replay_group(dur, model, n: int, workload: str, kind: str) -> dict:  # noqa: ANN001
+    import numpy as np
+
+    q = (0.5, 0.9, 0.99)
+    return {
+        "n": n,
+        "workload": workload,
+        "kind": kind,
+        "steps": int(len(dur)),
+        "engine_ms_q50_q90_q99": [round(1e3 * v, 3) for v in np.quantile(dur, q)],
+        "model_ms_q50_q90_q99": [round(1e3 * v, 3) for v in np.quantile(model, q)],
+        "engine_over_itl_slo": round(float((dur > SLO_ITL).mean()), 4),
+        "model_over_itl_slo": round(float((model > SLO_ITL).mean()), 4),
+        "mape_pct": round(100 * float(np.mean(np.abs(model / dur - 1))), 2),
+    }
+
+
 META = ("gpu", "date", "commit", "torch", "triton", "wall_s", "route_lag")
 
 
@@ -289,37 +475,47 @@ def tabulate(engine_root: Path, out: Path) -> Path:
 
 
 def compare(table: Path) -> dict:
-    """Every tabulated engine case (``tabulate``'s files in ``table``) against its simulation."""
+    """Every tabulated engine case (``tabulate``'s files in ``table``) against its simulation;
+    the time-slice rule's weights from ``table/device_sharing_fit.json`` (``fit-sharing``)."""
     from horizon.workload import load_sharegpt, tokenize_corpus
+    from simulator.device_sharing import DeviceSpec, SliceFit
 
     tokenized = tokenize_corpus(load_sharegpt(), REPO / "data" / "cache" / "sharegpt_qwen2.5.npz")
     cases = json.loads((table / "engine_cases.json").read_text())
     isolated = isolated_cost_model()
-    rows = []
+    timeslice = DeviceSpec("gpu0", "timeslice", SliceFit.from_file(table / SHARING_FIT))
+    rows, steps = [], {}
     for n in sorted({c["n"] for c in cases}):
         mine = sorted((c for c in cases if c["n"] == n), key=lambda c: c["case"])
         keys = [parse_case(n, c["case"]) for c in mine]
         models = fit_cost_models(table, n, sorted({k.workload for k in keys}))
         models["isolated"] = isolated
         for key, case in zip(keys, mine):
-            rows.append(compare_case(key, case, models, tokenized))
+            row, sims = compare_case(key, case, models, tokenized, timeslice)
+            rows.append(row)
+            for side, rec in sims.items():
+                steps.setdefault((n, key.workload, side), []).extend(rec.replicas)
     return {
         "conditions": _conditions(),
         "cases": rows,
         "summary": summarize_rows(rows),
         "summary_shared_device": summarize_rows(rows, "sim_shared_device"),
+        "summary_timeslice": summarize_rows(rows, "sim_timeslice"),
+        "step_times": step_time_table(table, steps),
     }
 
 
-def compare_case(key: CaseKey, case: dict, models: dict, tokenized) -> dict:  # noqa: ANN001
-    """One engine case against its three simulations: fitted to every case's co-located steps,
-    fitted to the other workload's only, and the isolated replica's model on a shared GPU."""
+def compare_case(key: CaseKey, case: dict, models: dict, tokenized, timeslice) -> tuple:  # noqa: ANN001
+    """One engine case against its four simulations: fitted to every case's co-located steps,
+    fitted to the other workload's only, and the isolated replica's model on a shared GPU,
+    first come first served and time-sliced. Returns (row, {side: ClusterRecords})."""
     sim = simulate_case(key, models["all"], tokenized)
     assert prompt_digest(sim) == case["prompt_digest"], (
         f"{key.name}: the regenerated workload differs from the engine's"
     )
     lowo = simulate_case(key, models[key.workload], tokenized)
     shared = simulate_case(key, models["isolated"], tokenized, device="gpu0")
+    sliced = simulate_case(key, models["isolated"], tokenized, device=timeslice)
     row = {
         "n": key.n,
         "workload": key.workload,
@@ -330,11 +526,49 @@ def compare_case(key: CaseKey, case: dict, models: dict, tokenized) -> dict:  # 
         "sim": figures(sim),
         "sim_other_workload_fit": figures(lowo),
         "sim_shared_device": figures(shared),
+        "sim_timeslice": figures(sliced),
         "engine_meta": case["meta"],
     }
     row["goodput_error_pts"] = error_pts(row, "sim")
     row["goodput_error_pts_shared_device"] = error_pts(row, "sim_shared_device")
-    return row
+    row["goodput_error_pts_timeslice"] = error_pts(row, "sim_timeslice")
+    sides = {"sim": sim, "sim_shared_device": shared, "sim_timeslice": sliced}
+    return row, sides
+
+
+STEP_QUANTILES = (0.5, 0.9, 0.99)
+
+
+def step_time_table(table: Path, steps: dict) -> list[dict]:
+    """Per replica count, workload and step kind (decode-only, mixed): step-time quantiles
+    (ms) and the share of steps over the ITL SLO, the engine's (its committed step tables)
+    beside each simulator's (every case's steps pooled, as the tables pool them)."""
+    from simulator.engine_cost_model import read_steps, rows_of
+
+    out = []
+    for n, w in sorted({(n, w) for n, w, _ in steps}):
+        sides = {"engine": read_steps(table / steps_file(n, w))[0]}
+        for side in ("sim", "sim_shared_device", "sim_timeslice"):
+            sides[side] = rows_of(steps[(n, w, side)])
+        for kind in ("decode", "mixed"):
+            row = {"n": n, "workload": w, "kind": kind}
+            for side, r in sides.items():
+                row[side] = _step_stats(r, kind)
+            out.append(row)
+    return out
+
+
+def _step_stats(rows, kind: str) -> dict:  # noqa: ANN001 - STEP_COLUMNS rows
+    import numpy as np
+
+    r = rows[(rows[:, 0] + rows[:, 1]) > 0]
+    r = r[r[:, 0] > 0] if kind == "mixed" else r[r[:, 0] == 0]
+    t = r[:, -1]
+    return {
+        "steps": int(len(t)),
+        "ms": [round(1e3 * float(v), 3) for v in np.quantile(t, STEP_QUANTILES)],
+        "over_itl_slo": round(float((t > SLO_ITL).mean()), 4),
+    }
 
 
 def isolated_cost_model():  # noqa: ANN201 - EngineCostModel
@@ -428,6 +662,8 @@ def _conditions() -> dict:
         "sim_shared_device_cost_model": "engine-fitted to one replica alone on the GPU "
         f"(calibration/h200_{MODEL}_online.csv.gz), every replica's steps serialized on one "
         "shared device",
+        "sim_timeslice": "the same isolated model, the replicas' steps time-sliced on the "
+        "shared device (simulator.device_sharing, weights in device_sharing_fit.json)",
         "sim_loop": "pipelined, arrivals between steps",
     }
 
@@ -440,6 +676,10 @@ def main(argv: list[str] | None = None) -> None:
     t = sub.add_parser("tabulate")
     t.add_argument("engine", help="directory of n<N>/<case>/ engine results (the GPU's output)")
     t.add_argument("--out", default=str(REPO / "results" / "cluster_fidelity"))
+    f = sub.add_parser("fit-sharing")
+    f.add_argument("engine", help="directory of n<N>/<case>/ engine results (with timestamps)")
+    f.add_argument("--source", required=True, help="where the engine results come from")
+    f.add_argument("--out", default=str(REPO / "results" / "cluster_fidelity" / SHARING_FIT))
     c = sub.add_parser("compare")
     c.add_argument("--table", default=str(REPO / "results" / "cluster_fidelity"))
     c.add_argument("--out", default=str(REPO / "results" / "cluster_fidelity"))
@@ -451,19 +691,19 @@ def main(argv: list[str] | None = None) -> None:
     if args.cmd == "tabulate":
         print(tabulate(Path(args.engine), Path(args.out)))
         return
+    if args.cmd == "fit-sharing":
+        fit = fit_sharing(Path(args.engine), args.source)
+        Path(args.out).write_text(json.dumps(fit, indent=1) + "\n")
+        print(json.dumps({k: fit[k] for k in ("timeslice", "switch_factor_fitted")}))
+        return
     doc = compare(Path(args.table))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "cluster_fidelity.json").write_text(json.dumps(doc, separators=(",", ":")) + "\n")
     print(json.dumps(doc["summary"]["rankings"][:2]))
-    print(
-        json.dumps(
-            {
-                k: doc["summary"][k]
-                for k in ("cases", "cases_within_band", "max_abs_error_pts", "noise_band_pts")
-            }
-        )
-    )
+    for side in ("summary", "summary_shared_device", "summary_timeslice"):
+        keys = ("cases", "cases_within_band", "mean_abs_error_pts", "max_abs_error_pts")
+        print(side, json.dumps({k: doc[side][k] for k in keys}))
 
 
 if __name__ == "__main__":

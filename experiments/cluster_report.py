@@ -136,20 +136,43 @@ def main(argv: list[str] | None = None) -> None:
 
 def fidelity_page(doc: dict) -> str:
     s, d = doc["summary"], doc["summary_shared_device"]
+    ts = doc.get("summary_timeslice")
+    sliced = (
+        []
+        if ts is None
+        else [
+            "Router order, isolated replica's model, steps time-sliced on the shared device:\n",
+            _ranking_table(ts["rankings"]),
+            "",
+        ]
+    )
+    steps = (
+        []
+        if "step_times" not in doc
+        else [
+            "Step times (ms, q50 / q90 / q99) and the share of steps over the ITL SLO, every "
+            "case's steps pooled per replica count and workload:\n",
+            _step_table(doc["step_times"]),
+            "",
+        ]
+    )
     return "\n".join(
         [
             "# Cluster simulator against co-located engine replicas\n",
             json.dumps(doc["conditions"]) + "\n",
             _case_table(doc["cases"]),
             "",
+            *steps,
             "Router order, simulator fitted to the co-located steps:\n",
             _ranking_table(s["rankings"]),
             "",
             "Router order, isolated replica's model on one shared device:\n",
             _ranking_table(d["rankings"]),
             "",
+            *sliced,
             _summary_line("Fitted to the co-located steps", s),
             _summary_line("Isolated model on a shared device", d),
+            *([] if ts is None else [_summary_line("Isolated model, time-sliced device", ts)]),
             f"Noise band (repeat): "
             f"{json.dumps({k: round(v, 1) for k, v in s['noise_band_pts'].items()})}.\n",
         ]
@@ -167,11 +190,39 @@ def _summary_line(label: str, s: dict) -> str:
     )
 
 
+def _step_table(groups: list[dict]) -> str:
+    sides = [k for k in ("engine", "sim", "sim_shared_device", "sim_timeslice") if k in groups[0]]
+    rows = [
+        [g["n"], g["workload"], g["kind"]]
+        + [" / ".join(f"{v:.1f}" for v in g[k]["ms"]) for k in sides]
+        + [" / ".join(f"{g[k]['over_itl_slo']:.3f}" for k in sides)]
+        for g in groups
+    ]
+    names = {
+        "engine": "engine",
+        "sim": "sim",
+        "sim_shared_device": "shared device",
+        "sim_timeslice": "time slices",
+    }
+    head = ["N", "workload", "steps"] + [names[k] for k in sides]
+    head.append("over ITL SLO " + " / ".join(names[k] for k in sides))
+    return table(head, rows)
+
+
 def _case_table(cases: list[dict]) -> str:
     rows = []
     for r in cases:
         e, s, o = r["engine"], r["sim"], r["sim_other_workload_fit"]
         d = r["sim_shared_device"]
+        ts = r.get("sim_timeslice")
+        sliced = (
+            []
+            if ts is None
+            else [
+                f"{ts['goodput']:.3f}",
+                f"{r['goodput_error_pts_timeslice']:+.1f}",
+            ]
+        )
         rows.append(
             [
                 r["n"],
@@ -184,11 +235,14 @@ def _case_table(cases: list[dict]) -> str:
                 f"{o['goodput']:.3f}",
                 f"{d['goodput']:.3f}",
                 f"{r['goodput_error_pts_shared_device']:+.1f}",
+                *sliced,
                 f"{e['prefix_hit_rate']:.2f} / {s['prefix_hit_rate']:.2f}",
-                _ms(e, s, d, "itl_mean"),
-                _ms(e, s, d, "itl_p99"),
+                _ms(e, s, d, *([] if ts is None else [ts]), "itl_mean"),
+                _ms(e, s, d, *([] if ts is None else [ts]), "itl_p99"),
             ]
         )
+    has_ts = any("sim_timeslice" in r for r in cases)
+    lat = "eng / sim / shared" + (" / sliced" if has_ts else "")
     head = [
         "N",
         "workload",
@@ -200,9 +254,10 @@ def _case_table(cases: list[dict]) -> str:
         "sim (other-workload fit)",
         "sim (shared device)",
         "error pts (shared device)",
+        *(["sim (time slices)", "error pts (time slices)"] if has_ts else []),
         "hit rate eng / sim",
-        "mean ITL ms eng / sim / shared",
-        "p99 ITL ms eng / sim / shared",
+        f"mean ITL ms {lat}",
+        f"p99 ITL ms {lat}",
     ]
     return table(head, rows)
 

@@ -25,7 +25,9 @@ class SimBackend:
     plan when ``pipelined`` (see ``simulator.Simulation``).
 
     ``device``: a GPU this replica shares with others (``simulator.shared_device``); a step's
-    device work then waits until the device is free, and its duration includes the wait."""
+    device work then waits until the device is free (or is stretched by the steps sharing
+    it), and its duration includes that; the device is told the plan, the clock at submission
+    and which replica books (``id(self)``)."""
 
     advances_clock = True
 
@@ -53,7 +55,7 @@ class SimBackend:
         duration = self.cost_model.step_time(plan)
         if self.device is not None:
             now = self.clock.now()  # type: ignore[union-attr]
-            duration = self.device.reserve(now, duration) - now
+            duration = self.device.reserve(now, duration, plan, now, id(self)) - now
         return StepResult(duration=duration, finished=tuple(finished))
 
     def _price(self, plan: StepPlan) -> StepResult:
@@ -76,7 +78,7 @@ class SimBackend:
         if self.device is None:
             end = start + max(result.duration, 0.0)
         else:
-            end = self.device.reserve(start, result.duration)
+            end = self.device.reserve(start, result.duration, plan, now, id(self))
         self._last_end = None if plan.is_empty else end
         return InFlight(plan, result, end=end, late_end=False)
 

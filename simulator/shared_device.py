@@ -1,47 +1,80 @@
-"""One GPU shared by co-located replicas: their steps are serialized on it.
+"""One GPU shared by co-located replicas: how their steps share it.
 
 Processes that share a GPU without MPS are time-sliced: the device runs one context's kernels
-at a time, so a co-located replica's step waits while another replica's step holds the device.
-The model is first come, first served at step granularity: a step submitted at ``t`` that takes
+at a time. The device's rule (``simulator.device_sharing.DeviceSpec.sharing``) says what that
+does to a replica's steps; a plain name is the ``fcfs`` rule.
+
+``fcfs``: first come, first served at step granularity: a step submitted at ``t`` that takes
 ``d`` seconds alone (its replica's cost model, fitted to the replica alone on the GPU) starts at
 ``max(t, free_at)`` and holds the device until it ends. A replica's step time then is its wait
 plus its own time, as the engine measures it on the wall clock. Host work before a plan (a cost
 model's ``wake_delay``) is not booked. Submissions come in time order (a step starts no earlier
 than the device's last booked end or the present), so first come is first served.
+
+``timeslice``: steps overlap, and before each of a step's time slices every other replica with
+a step in flight runs one slice of its own (fitted to the co-located engine's steps;
+``simulator.device_sharing``).
 """
 
 from __future__ import annotations
 
 import math
 
+from horizon.plan import StepPlan
+from simulator.device_sharing import DeviceSpec, SliceFit, TimeSlices
+
 
 class SharedDevice:
-    """The time the device is next free; ``reserve`` books a step on it.
+    """The device's bookings; ``reserve`` books a step on it and returns the step's end.
 
     Contracts:
-        * ``reserve(t, d)`` returns the step's end ``max(t, free_at) + d``; ``d <= 0`` books
-          nothing and returns ``t``.
-        * ``free_at`` never decreases; booked time never exceeds it.
+        * ``reserve(t, d)`` returns the step's end, ``>= t + d``; ``d <= 0`` books nothing and
+          returns ``t``. ``fcfs``: ``max(t, free_at) + d``; ``timeslice``: see
+          ``TimeSlices.book`` (``plan``: the step's plan; ``now``: the clock at
+          submission, ``t`` if not given; ``owner``: the replica booking, never slowed by its
+          own steps).
+        * ``free_at`` (the latest booked end) never decreases; under ``fcfs`` booked time never
+          exceeds it. ``waited_s``: the steps' time beyond their own (waiting or stretched).
     """
 
-    def __init__(self, name: str = "gpu0") -> None:
-        self.name = name
+    def __init__(self, name: str | DeviceSpec = "gpu0") -> None:
+        spec = name if isinstance(name, DeviceSpec) else DeviceSpec(name)
+        self.spec = spec
+        self.name = spec.name
+        self._flight: TimeSlices | None = None
+        if spec.sharing == "timeslice":
+            self._flight = TimeSlices(spec.fit or SliceFit.from_file())
         self.free_at = 0.0
-        self.busy_s = 0.0  # step time booked
-        self.waited_s = 0.0  # steps' waiting for the device
+        self.busy_s = 0.0  # step time booked (each step's time alone)
+        self.waited_s = 0.0  # steps' waiting for the device (fcfs) or for neighbours' slices
         self.steps = 0
 
-    def reserve(self, t: float, duration: float) -> float:
+    def reserve(
+        self,
+        t: float,
+        duration: float,
+        plan: StepPlan | None = None,
+        now: float | None = None,
+        owner: object = None,
+    ) -> float:
         if duration <= 0:
             return t
-        start = t if t >= self.free_at else self.free_at
-        self.waited_s += start - t
-        self.free_at = start + duration
+        if self._flight is not None:
+            end = self._flight.book(t, duration, plan, t if now is None else now, owner)
+            start = end - duration  # the neighbours' slices count as waiting
+        else:
+            start = t if t >= self.free_at else self.free_at
+            end = start + duration
+        self.waited_s += max(start - t, 0.0)
+        self.free_at = max(self.free_at, end)
         self.busy_s += duration
         self.steps += 1
-        return self.free_at
+        return end
 
     def check_integrity(self) -> None:
         assert self.busy_s >= 0 and self.waited_s >= 0, "negative device time"
         assert math.isfinite(self.free_at), "device booked to no end"
-        assert self.free_at >= self.busy_s - 1e-9 * max(1, self.steps), "device overbooked"
+        if self._flight is None:
+            assert self.free_at >= self.busy_s - 1e-9 * max(1, self.steps), "device overbooked"
+        else:
+            self._flight.check_integrity()
