@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
+from itertools import chain
 
 STORED, REMOVED = 1, 0  # kinds of KV event
 
@@ -83,9 +84,19 @@ class BlockPool:
             out.append(b)
         return out
 
+    def num_matched(self, hashes: Sequence[int]) -> int:
+        """``len(match(hashes))``, without building the list."""
+        n, index = 0, self._index
+        for h in hashes:
+            if h not in index:
+                break
+            n += 1
+        return n
+
     def num_free_after_adopting(self, blocks: Iterable[int]) -> int:
         """Free blocks left if ``blocks`` (from ``match``) were adopted."""
-        return self.num_free - sum(1 for b in blocks if self._ref[b] == 0)
+        revived = list(map(self._ref.__getitem__, blocks)).count(0)
+        return len(self._plain) + len(self._lru) - revived
 
     # -- mutation ------------------------------------------------------------------------------
     def allocate(self, n: int) -> list[int] | None:
@@ -160,15 +171,22 @@ class BlockPool:
     # -- invariants ----------------------------------------------------------------------------
     def check_integrity(self) -> None:
         """Assert the three-state partition and the index's consistency."""
-        plain, lru = set(self._plain), set(self._lru)
-        assert len(plain) == len(self._plain), "duplicate in plain free stack"
-        assert not (plain & lru), "block both plain-free and cached-free"
-        ref, hashes = self._ref, self._hash
+        # Counts and C-level scans, no set of every block id: a pool holds ~10^5 blocks.
+        plain, lru, ref, hashes, index = self._plain, self._lru, self._ref, self._hash, self._index
+        plain_set = set(plain)
+        assert len(plain_set) == len(plain), "duplicate in plain free stack"
+        assert plain_set.isdisjoint(lru), "block both plain-free and cached-free"
         assert min(ref) >= 0, "negative ref count"
-        free = {b for b, r in enumerate(ref) if r == 0}
-        assert free == plain | lru, "free blocks differ from the free lists"
-        hashed = {b for b, h in enumerate(hashes) if h is not None}
-        assert not (plain & hashed), "plain free block carries a hash"
-        assert lru <= hashed, "cached free block without a hash"
-        assert len(self._index) == len(hashed), "index size differs from hashed blocks"
-        assert all(hashes[b] == h for h, b in self._index.items()), "index points to wrong block"
+        # the free blocks (ref 0) are the free lists': as many of them, and all of those at 0
+        zeros = ref.count(0) == len(plain) + len(lru)
+        assert zeros and not any(map(ref.__getitem__, chain(plain, lru))), (
+            "free blocks differ from the free lists"
+        )
+        assert list(map(hashes.__getitem__, plain)).count(None) == len(plain), (
+            "plain free block carries a hash"
+        )
+        assert None not in map(hashes.__getitem__, lru), "cached free block without a hash"
+        hashed = len(hashes) - hashes.count(None)
+        assert len(index) == hashed, "index size differs from hashed blocks"
+        # with the sizes equal, this makes the index a bijection onto the hashed blocks
+        assert all(hashes[b] == h for h, b in index.items()), "index points to wrong block"

@@ -137,6 +137,11 @@ class Scheduler:
         return len(self._waiting) + len(self._ready)
 
     @property
+    def num_unfinished(self) -> int:
+        """Waiting plus running requests (a router's load): ``num_waiting + len(running)``."""
+        return len(self._waiting) + len(self._ready) + len(self.running)
+
+    @property
     def has_work(self) -> bool:
         return bool(self.running or self._waiting or self._ready)
 

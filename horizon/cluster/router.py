@@ -44,9 +44,5 @@ def argmin(replicas: Sequence[ReplicaView], key: Callable[[ReplicaView], float])
 
 def least_loaded_index(replicas: Sequence[ReplicaView]) -> int:
     """The replica with the fewest waiting plus running requests (ties: ``argmin``'s)."""
-    best, at = None, 0
-    for i, v in enumerate(replicas):
-        k = (v.load, v.routed)
-        if best is None or k < best:
-            best, at = k, i
-    return at
+    keys = [(v.load, v.routed) for v in replicas]
+    return keys.index(min(keys)) if keys else 0  # the first of the smallest keys

@@ -93,4 +93,4 @@ class StaleView(ReplicaView):
             if h not in index:
                 break
             n += 1
-        return usable_hit(n, request, bs)
+        return usable_hit(n, request, bs) if n else 0

@@ -126,11 +126,12 @@ class LiveView(ReplicaView):
 
     @property
     def load(self) -> int:
-        return self._sched.num_waiting + len(self._sched.running)
+        return self._sched.num_unfinished
 
     def prefix_hit_tokens(self, request: Request) -> int:
         if not self._caching:
             return 0
-        bs = self._pool.block_size
-        hit = self._pool.match(self._hashes.of(request, bs))
-        return usable_hit(len(hit), request, bs)
+        pool = self._pool
+        bs = pool.block_size
+        n = pool.num_matched(self._hashes.of(request, bs))
+        return usable_hit(n, request, bs) if n else 0

@@ -30,14 +30,13 @@ class PrefixAware(Router):
         self.min_hit_tokens = min_hit_tokens
 
     def route(self, request, replicas, now):  # noqa: ANN001, ANN201 - Router.route
-        best, at = None, 0
-        for i, v in enumerate(replicas):
-            k = (-v.prefix_hit_tokens(request), v.load, v.routed)
-            if best is None or k < best:
-                best, at = k, i
-        assert best is not None
-        if -best[0] < max(1, self.min_hit_tokens):
+        hits = [v.prefix_hit_tokens(request) for v in replicas]
+        top = max(hits)
+        if top < max(1, self.min_hit_tokens):
             return least_loaded_index(replicas)
+        # the least loaded of the best hits (load and routed are read only for those)
+        tied = [i for i, h in enumerate(hits) if h == top]
+        at = tied[0] if len(tied) == 1 else tied[least_loaded_index([replicas[i] for i in tied])]
         if self.threshold is not None and replicas[at].num_waiting > self.threshold:
             return least_loaded_index(replicas)
         return at
