@@ -378,7 +378,16 @@ def replay_sharing(x: dict, weights: tuple) -> dict:
             for c in np.arange(0.8, 1.3, 0.01)
         }
         factor[kind] = min(errs, key=errs.get)
-    return {"model": x["pred"] + n * per, "busy": busy, "mixed": mixed, "switch_factor": factor}
+    # a mixed step's own part as measured (its time less its measured slice count's rounds of
+    # the neighbours' slices) over its isolated time: the isolated model's error under sharing
+    own = (x["dur"] - slice_labels(x) * per) / x["pred"]
+    return {
+        "model": x["pred"] + n * per,
+        "busy": busy,
+        "mixed": mixed,
+        "switch_factor": factor,
+        "own_ratio": own,
+    }
 
 
 def fit_sharing(engine_root: Path, source: str) -> dict:
@@ -399,7 +408,11 @@ def fit_sharing(engine_root: Path, source: str) -> dict:
         for sessions, w in ((True, "sessions"), (False, "shared_prefix")):
             for kind, kind_sel in (("decode", ~rep["mixed"]), ("mixed", rep["mixed"])):
                 sel = rep["busy"] & kind_sel & (x["n"] == n) & (x["sessions"] == sessions)
-                groups.append(_replay_group(x["dur"][sel], rep["model"][sel], n, w, kind))
+                g = _replay_group(x["dur"][sel], rep["model"][sel], n, w, kind)
+                if kind == "mixed":
+                    own = rep["own_ratio"][sel]
+                    g["own_over_isolated_median"] = round(float(np.nanmedian(own)), 4)
+                groups.append(g)
     return {
         "rule": "timeslice: end = start + isolated + n * sum_j isolated_j / n_j over the other "
         "replicas' steps j in flight at submission; n = 1 for decode-only steps, "
@@ -413,8 +426,48 @@ def fit_sharing(engine_root: Path, source: str) -> dict:
             for kind, sel in (("decode", ~rep["mixed"]), ("mixed", rep["mixed"]))
         },
         "steps_with_a_neighbour": int(rep["busy"].sum()),
+        "decode_ratio_by_neighbours": _ratio_by_neighbours(x, ~rep["mixed"], k),
+        "mixed_by_tokens": _mixed_by_tokens(x),
         "replay": groups,
     }
+
+
+def _ratio_by_neighbours(x: dict, sel, k) -> list[dict]:  # noqa: ANN001
+    """Median measured / isolated time of the selected steps per replica count and number of
+    neighbours in flight."""
+    import numpy as np
+
+    out = []
+    for n in sorted(set(x["n"].tolist())):
+        for kk in range(n):
+            m = sel & (x["n"] == n) & (k == kk)
+            if m.any():
+                r = float(np.median(x["dur"][m] / x["pred"][m]))
+                out.append({"n": n, "k": kk, "steps": int(m.sum()), "median_ratio": round(r, 3)})
+    return out
+
+
+def _mixed_by_tokens(x: dict) -> list[dict]:
+    """Mixed steps with a neighbour in flight, per replica count and token range: median time
+    (ms) and the share of each measured slice count (``slice_labels``)."""
+    import numpy as np
+
+    lab, tok = slice_labels(x), x["rows"][:, 0] + x["rows"][:, 1]
+    out = []
+    for n in sorted(set(x["n"].tolist())):
+        for lo, hi in ((1, 256), (256, 1536), (1536, 1 << 30)):
+            m = (x["rows"][:, 0] > 0) & np.isfinite(lab) & (x["n"] == n) & (tok >= lo) & (tok < hi)
+            share = {str(c): round(float((lab[m] == c).mean()), 3) for c in (1, 2, 3, 4)}
+            out.append(
+                {
+                    "n": n,
+                    "tokens": [lo, min(hi, 2048)],
+                    "steps": int(m.sum()),
+                    "median_ms": round(1e3 * float(np.median(x["dur"][m])), 2),
+                    "slice_count_share": share,
+                }
+            )
+    return out
 
 
 def _replay_group(dur, model, n: int, workload: str, kind: str) -> dict:  # noqa: ANN001

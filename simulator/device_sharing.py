@@ -14,17 +14,18 @@ Why this rule (measured on the engine's co-located runs: 2 and 4 Qwen2.5-0.5B pr
 H200, no MPS, 432,000 steps with a neighbour busy; ``results/cluster_fidelity/
 device_sharing_fit.json``): the driver time-slices the contexts that have work, and a step's
 time is its own plus whole slices of its neighbours'. A decode step (one CUDA graph, ~1 ms)
-beside ``k`` busy neighbours took ``2.03x`` its isolated time at ``k = 1`` and ``4.07x`` at
-``k = 3`` (each neighbour's decode step runs once in between). Steps with prefill chunks are
-bimodal, not stretched by a factor: at 4 replicas one of up to ~250 tokens took ~5 ms (one
-round of the three neighbours' ~1 ms steps), one of 256-1,536 tokens ~9-10 ms (two rounds) and
-longer ones ~14 ms (three): the GPU preempts a long graph at its time slice. With the slice
-count fitted to those modes (``w``, from the steps' features) and each neighbour's slice its
-step's isolated time per slice, the fitted factor on the neighbours' slices came out 1.01
-(decode) and 0.99 (mixed), so the rule has no switch cost. Processor sharing (``d * (1 + a *
-k)``, ``a`` fitted per step kind: 1.03 decode, 0.74 mixed) got the mean but put every mixed
-step in one mode; FCFS at step granularity leaves most decode steps unslowed (median 1.1 ms
-against the engine's 4.4 ms at 4 replicas) and a few waiting for whole neighbour steps.
+took ``2.03x`` its isolated time beside one busy neighbour and ``4.07x`` beside three (each
+neighbour's decode step runs once in between). Steps with prefill chunks come in whole rounds,
+not stretched by a factor: at 4 replicas those under 256 tokens took 6.1 ms (median; 78% one
+round of the three neighbours' steps), those of 256-1,535 tokens 10.7 ms (68% two rounds) and
+longer ones 15.4 ms (40% three), as if the GPU preempted a long graph at a time slice. With the
+slice count fitted to those rounds (``w``, from the plan) and each neighbour's slice its step's
+isolated time per slice, the fitted factor on the neighbours' slices came out 1.01 (decode) and
+0.99 (mixed), so the rule has no switch cost. Processor sharing (``d * (1 + a * k)``, ``a``
+fitted per step kind: 1.03 decode, 0.74 mixed) gets the mean step time but puts every mixed
+step in one mode; FCFS at step granularity spreads the decode steps (4 replicas, sessions) from
+3.1 ms (median) to 9.5 ms (q99) where the engine's lie between 4.4 and 5.8: a step slips in
+between its neighbours' or waits for their whole steps.
 
 The rule is causal, because the simulator needs a step's end when it is submitted: a step
 counts the neighbours' steps in flight at its submission (the pipelined engine plans a step
