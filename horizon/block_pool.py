@@ -95,8 +95,7 @@ class BlockPool:
 
     def num_free_after_adopting(self, blocks: Iterable[int]) -> int:
         """Free blocks left if ``blocks`` (from ``match``) were adopted."""
-        revived = list(map(self._ref.__getitem__, blocks)).count(0)
-        return len(self._plain) + len(self._lru) - revived
+        return self.num_free - sum(1 for b in blocks if self._ref[b] == 0)
 
     # -- mutation ------------------------------------------------------------------------------
     def allocate(self, n: int) -> list[int] | None:
