@@ -2,6 +2,7 @@
 
     python -m executor.serve --model smollm2-135m-instruct --policy fcfs --port 8000
     python -m executor.serve --model qwen2.5-7b --num-blocks 20000   # random weights, bytes
+    python -m executor.serve --model qwen2.5-7b --tokenizer qwen      # ... and Qwen's BPE
 
 Then any OpenAI client: ``OpenAI(base_url="http://localhost:8000/v1", api_key="-")``. For
 forced output lengths send ``ignore_eos: true`` and ``min_tokens == max_tokens`` (the
@@ -11,12 +12,15 @@ forced output lengths send ``ignore_eos: true`` and ``min_tokens == max_tokens``
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import sys
+import time
 
 import torch
 
 from executor.engine import EngineConfig
-from executor.serve.model_loading import load_model
+from executor.serve.model_loading import TOKENIZERS, load_model
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -51,7 +55,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-prefix-caching", action="store_true")
     p.add_argument("--no-cuda-graphs", action="store_true")
     p.add_argument("--seed", type=int, default=0, help="random weights' and sampling's run seed")
-    p.add_argument("--records", default=None, help="write the run's records (.npz) here at exit")
+    p.add_argument(
+        "--tokenizer",
+        default="byte",
+        choices=TOKENIZERS,
+        help="a random-weight shape's tokenizer (named models bring their own)",
+    )
+    p.add_argument(
+        "--records",
+        default=None,
+        help="write the run's records (.npz) here at exit, and beside it (.json) the Unix time "
+        "of the records' clock zero",
+    )
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     return p.parse_args(argv)
@@ -80,7 +95,9 @@ def main(argv: list[str] | None = None) -> int:
 
     args = parse_args(argv)
     try:
-        model, tokenizer = load_model(args.model, args.dtype, args.device, args.seed)
+        model, tokenizer = load_model(
+            args.model, args.dtype, args.device, args.seed, args.tokenizer
+        )
         config = engine_config(args, model.config.max_position_embeddings)
         server = build_server(
             model,
@@ -105,9 +122,18 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         live.close()
         if args.records:
-            live.records().save_npz(args.records)
-            print(f"records: {args.records}")
+            _save_records(live, args.records)
     return 0 if live.error is None else 1
+
+
+def _save_records(live, path: str) -> None:
+    """The records (``path``) and their clock's zero as Unix time (``path`` with ``.json``):
+    what lines them up with a load generator's timestamps."""
+    live.records().save_npz(path)
+    zero = time.time() - (time.perf_counter() - live.clock.start)
+    with open(os.path.splitext(path)[0] + ".json", "w") as f:
+        json.dump({"clock_zero_unix_s": zero}, f)
+    print(f"records: {path}")
 
 
 if __name__ == "__main__":
