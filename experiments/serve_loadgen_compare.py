@@ -1,0 +1,206 @@
+"""GuideLLM's view of a run beside the server's own records and the simulator's replay.
+
+``tabulate(DIR)`` reads what ``docs/notes/run_serve.sh a`` brings back (``guidellm_rate*.json``,
+the server's ``records.npz`` and ``records.json``) and keeps, compactly, what the comparison
+needs: ``results/serve_loadgen/requests.npz`` (each served request's arrival, lengths, cached
+tokens, TTFT, mean and largest ITL, E2E) and ``guidellm.json`` (each benchmark's window and its
+requests' TTFT, ITL and latency). ``compare()`` reads only those and writes
+``results/serve_loadgen/{loadgen.json,table.md}``. Requests are split into the load generator's
+benchmarks by their arrival on the server's clock (its zero as Unix time lines the two up).
+Per rate and side: TTFT mean / p50 / p99, ITL as mean time per output token after the first
+(GuideLLM reports no per-token times, so ITL is the per-request mean on every side),
+E2E, and goodput as the share of requests with TTFT <= 1 s and mean ITL <= 50 ms; the server
+and the simulator also give goodput with *every* gap <= 50 ms (the project's definition).
+
+The simulator replays the server's arrivals, prompt lengths, output lengths and prompt ids
+(the data file tokenized as the server did: Qwen's BPE, ChatML) in one run, as the server
+served the three rates one after the other on one KV pool (later rates hit the prefix cache
+of the earlier ones' identical prompts), with the 7B shape's engine-fitted cost model, fcfs
+and the serial loop the server runs.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from horizon.metrics.latency import e2e, max_itl, tpot, ttft
+from horizon.metrics.records import RunRecords
+from horizon.request import SLO, Request
+
+OUT = Path("results/serve_loadgen")
+SLO_7B = SLO(ttft=1.0, itl=0.05)
+CALIBRATION = Path("calibration/h200_qwen2.5-7b_online.csv.gz")
+DATA = Path("gpu_inputs/serve/sharegpt.jsonl")
+
+
+def _stats(ttft_s: np.ndarray, itl_s: np.ndarray, e2e_s: np.ndarray) -> dict:
+    ok = (ttft_s <= SLO_7B.ttft) & (np.nan_to_num(itl_s) <= SLO_7B.itl)
+    return {
+        "requests": int(len(ttft_s)),
+        "ttft_mean": float(ttft_s.mean()),
+        "ttft_p50": float(np.median(ttft_s)),
+        "ttft_p99": float(np.percentile(ttft_s, 99)),
+        "itl_mean": float(np.nanmean(itl_s)),
+        "e2e_mean": float(e2e_s.mean()),
+        "goodput_mean_itl": float(ok.mean()),
+    }
+
+
+def guidellm_rows(bench: dict) -> dict:
+    """One GuideLLM benchmark, compactly: its rate, window (Unix s), error counts and its
+    successful requests' TTFT, mean ITL and latency (s)."""
+    reqs = bench["requests"]["successful"]
+    return {
+        "rate": bench["config"]["strategy"]["rate"],
+        "start": bench["start_time"],
+        "end": bench["end_time"],
+        "errored": len(bench["requests"]["errored"]),
+        "incomplete": len(bench["requests"]["incomplete"]),
+        "ttft": [r["time_to_first_token_ms"] / 1e3 for r in reqs],
+        "itl": [(r["inter_token_latency_ms"] or float("nan")) / 1e3 for r in reqs],
+        "latency": [r["request_latency"] for r in reqs],
+    }
+
+
+def client_side(b: dict) -> dict:
+    out = _stats(np.array(b["ttft"]), np.array(b["itl"]), np.array(b["latency"]))
+    out["errored"], out["incomplete"] = b["errored"], b["incomplete"]
+    return out
+
+
+def per_request(rec: RunRecords) -> dict[str, np.ndarray]:
+    """What the comparison reads of a run's records, per request."""
+    return {
+        "arrival": rec.arrival_time,
+        "prompt_tokens": rec.num_prompt_tokens,
+        "output_tokens": rec.num_output_tokens,
+        "max_output_tokens": rec.max_output_tokens,
+        "cached_tokens": rec.cached_tokens,
+        "ttft": ttft(rec),
+        "itl_mean": tpot(rec),
+        "itl_max": max_itl(rec),
+        "e2e": e2e(rec),
+    }
+
+
+def records_side(r: dict[str, np.ndarray], select: np.ndarray) -> dict:
+    """The same figures from per-request arrays (server or simulator) over ``select``."""
+    out = _stats(r["ttft"][select], r["itl_mean"][select], r["e2e"][select])
+    every = (r["ttft"] <= SLO_7B.ttft) & (np.nan_to_num(r["itl_max"]) <= SLO_7B.itl)
+    out["goodput_every_gap"] = float(every[select].mean())
+    return out
+
+
+def prompt_ids(r: dict[str, np.ndarray]) -> list[tuple[int, ...]]:
+    """Each served request's prompt ids: the data file's prompts in order, chat-templated
+    and tokenized as the server does; checked against the records' prompt lengths."""
+    from executor.serve.qwen_text import QwenText
+
+    tok = QwenText()
+    lines = [json.loads(x) for x in DATA.read_text().splitlines()]
+    n_per_run = len(r["arrival"]) // 3
+    order = np.argsort(r["arrival"], kind="stable")
+    ids: list[tuple[int, ...] | None] = [None] * len(order)
+    for k, i in enumerate(order):
+        msg = [{"role": "user", "content": lines[k % n_per_run]["prompt"]}]
+        ids[i] = tuple(tok.encode(tok.apply_chat_template(msg)))
+    lengths = np.array([len(x) for x in ids])
+    if not np.array_equal(lengths, r["prompt_tokens"]):
+        raise ValueError("prompt lengths differ from the server's: arrival order is not file order")
+    return ids
+
+
+def simulate(r: dict[str, np.ndarray], num_blocks: int, block_size: int) -> RunRecords:
+    """The simulator on the server's requests (see the module docstring)."""
+    from horizon.policies import make_policy
+    from horizon.scheduler_config import SchedulerConfig
+    from simulator.engine_cost_model import EngineCostModel
+    from simulator.simulation import Simulation
+
+    ids = prompt_ids(r)
+    reqs = [
+        Request(i, float(r["arrival"][i]), int(r["prompt_tokens"][i]),
+                int(r["max_output_tokens"][i]), int(r["output_tokens"][i]),
+                prompt_token_ids=ids[i])
+        for i in range(len(ids))
+    ]  # fmt: skip
+    cfg = SchedulerConfig(num_blocks=num_blocks, block_size=block_size)
+    cost = EngineCostModel.from_file(CALIBRATION)
+    sim = Simulation(reqs, cfg, make_policy("fcfs"), cost, arrivals_at_step_boundaries=True,
+                     pipelined=False)  # fmt: skip
+    return sim.run()
+
+
+def tabulate(run_dir: Path, out: Path = OUT) -> None:
+    """The compact tables of a run directory (see the module docstring)."""
+    rec = RunRecords.load_npz(str(run_dir / "records.npz"))
+    zero = json.loads((run_dir / "records.json").read_text())["clock_zero_unix_s"]
+    paths = sorted(run_dir.glob("guidellm_rate*.json"), key=lambda p: float(p.stem[13:]))
+    docs = [json.loads(p.read_text()) for p in paths]
+    out.mkdir(parents=True, exist_ok=True)
+    np.savez_compressed(out / "requests.npz", **per_request(rec),
+                        num_kv_blocks=rec.num_kv_blocks, block_size=rec.block_size)  # fmt: skip
+    g = {"clock_zero_unix_s": zero, "guidellm_version": docs[0]["metadata"]["guidellm_version"],
+         "benchmarks": [guidellm_rows(d["benchmarks"][0]) for d in docs]}  # fmt: skip
+    (out / "guidellm.json").write_text(json.dumps(g, separators=(",", ":")) + "\n")
+
+
+def compare(out: Path = OUT) -> dict:
+    z = np.load(out / "requests.npz")
+    server = {k: z[k] for k in z.files if k not in ("num_kv_blocks", "block_size")}
+    g = json.loads((out / "guidellm.json").read_text())
+    nb, bs = int(z["num_kv_blocks"]), int(z["block_size"])
+    sim = per_request(simulate(server, nb, bs))
+    rows = []
+    for b in g["benchmarks"]:
+        t0, t1 = b["start"] - g["clock_zero_unix_s"], b["end"] - g["clock_zero_unix_s"]
+        sel = (server["arrival"] >= t0 - 0.5) & (server["arrival"] <= t1 + 0.5)
+        cached = server["cached_tokens"][sel].sum() / server["prompt_tokens"][sel].sum()
+        rows.append({"rate": b["rate"], "client": client_side(b),
+                     "server": records_side(server, sel), "sim": records_side(sim, sel),
+                     "cached_share": float(cached)})  # fmt: skip
+    result = {"conditions": _conditions(nb, g["guidellm_version"]), "rows": rows}
+    (out / "loadgen.json").write_text(json.dumps(result, indent=1) + "\n")
+    (out / "table.md").write_text(table(result))
+    print(table(result))
+    return result
+
+
+def _conditions(num_blocks: int, version: str) -> dict:
+    return {
+        "engine": "executor.serve, qwen2.5-7b shape (seeded random weights), Qwen BPE, fcfs",
+        "num_blocks": num_blocks,
+        "load_generator": f"GuideLLM {version}, openai_http, /v1/chat/completions,"
+        " Poisson, seed 0, 250 requests per rate, ShareGPT first turns (output lengths forced)",
+        "slo": {"ttft_s": SLO_7B.ttft, "itl_s": SLO_7B.itl},
+        "simulator": f"engine-fitted cost model ({CALIBRATION}), serial loop, the same arrivals",
+    }
+
+
+def table(result: dict) -> str:
+    """Markdown: one line per rate and side."""
+    head = (
+        "| rate | side | TTFT mean ms | p50 | p99 | ITL mean ms | E2E mean s | goodput "
+        "(mean ITL) | goodput (every gap) |\n" + "|---" * 9 + "|\n"
+    )
+    lines = []
+    for r in result["rows"]:
+        for side in ("client", "server", "sim"):
+            s = r[side]
+            every = f"{s['goodput_every_gap']:.3f}" if "goodput_every_gap" in s else "-"
+            lines.append(
+                f"| {r['rate']:g} | {side} | {1e3 * s['ttft_mean']:.1f} | {1e3 * s['ttft_p50']:.1f}"
+                f" | {1e3 * s['ttft_p99']:.1f} | {1e3 * s['itl_mean']:.2f} | {s['e2e_mean']:.2f}"
+                f" | {s['goodput_mean_itl']:.3f} | {every} |"
+            )
+    return (
+        "# GuideLLM against the server, beside its records and the simulator\n\n"
+        + json.dumps(result["conditions"])
+        + "\n\n"
+        + head
+        + "\n".join(lines)
+        + "\n"
+    )
