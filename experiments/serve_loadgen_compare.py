@@ -59,14 +59,20 @@ def guidellm_rows(bench: dict) -> dict:
         "end": bench["end_time"],
         "errored": len(bench["requests"]["errored"]),
         "incomplete": len(bench["requests"]["incomplete"]),
-        "ttft": [r["time_to_first_token_ms"] / 1e3 for r in reqs],
-        "itl": [(r["inter_token_latency_ms"] or float("nan")) / 1e3 for r in reqs],
-        "latency": [r["request_latency"] for r in reqs],
-    }
+        "ttft": [_us(r["time_to_first_token_ms"] / 1e3) for r in reqs],
+        "itl": [_us(r["inter_token_latency_ms"] / 1e3) if r["inter_token_latency_ms"] else None
+                for r in reqs],  # None: one token, no gap
+        "latency": [_us(r["request_latency"]) for r in reqs],
+    }  # fmt: skip
+
+
+def _us(seconds: float) -> float:
+    return round(seconds, 6)
 
 
 def client_side(b: dict) -> dict:
-    out = _stats(np.array(b["ttft"]), np.array(b["itl"]), np.array(b["latency"]))
+    itl = np.array([np.nan if x is None else x for x in b["itl"]], dtype=float)
+    out = _stats(np.array(b["ttft"]), itl, np.array(b["latency"]))
     out["errored"], out["incomplete"] = b["errored"], b["incomplete"]
     return out
 
