@@ -221,7 +221,14 @@ class ClusterSimulation:
 
     def _route(self, r: Request) -> None:
         i = self.cluster.route(r, self.env.now)
-        self.inboxes[i].push(r, self.cluster.replicas[i].scheduler)
+        sched = self.cluster.replicas[i].scheduler
+        self.inboxes[i].push(r, sched)
+        if self.release.open and sched.never_fits(r):
+            # Rejected there (``add``), reported in that replica's next plan, which never comes
+            # if it has nothing else to run (a decode replica that a turn too big for every
+            # decode pool is routed to): the session ends now, not never.
+            self.release.dropped(r)
+            self._maybe_done()
 
     def _observer(self, replica: Replica):  # noqa: ANN202
         release = self.release
