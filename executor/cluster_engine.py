@@ -390,6 +390,16 @@ class _Drive:
             i = self.cluster.route(r, now)
             self.lag[rid] = now - r.arrival_time
             inboxes[i].put(("request", request_to_wire(r)))
+            if self.release.open and self._never_fits(i, r):
+                # The worker rejects it (``add``) and says so in its next step's report, which
+                # never comes if it has nothing else to run: the session ends now, not never.
+                self.release.dropped(r)
+
+    def _never_fits(self, i: int, r: Request) -> bool:
+        """Worker ``i``'s scheduler rejects ``r`` on arrival (``Scheduler.never_fits``'s rule
+        over the pool and model length the worker reported)."""
+        info, total = self.ec.infos[i], r.num_prompt_tokens + r.max_output_tokens
+        return total > info["max_model_len"] or -(-total // info["block_size"]) > info["num_blocks"]
 
     def _later(self, r: Request) -> None:
         if r.arrival_time > self.end:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
@@ -146,6 +147,29 @@ def test_closed_loop_sessions_release_each_turn_after_the_last_finished(cluster)
         home = {int(rec.assignment[r.request_id]) for r in s.requests}
         assert len(home) == 1  # sticky: one replica per conversation
         assert (merged.cached_tokens[[row[r.request_id] for r in s.requests[1:]]] > 0).all()
+
+
+def test_a_turn_that_never_fits_ends_its_session(cluster):
+    """Rejected on arrival by an idle worker (no step reports it): the run still ends, the
+    turn rejected with its reason, its successor never sent."""
+    rng = np.random.default_rng(2)
+    p = _ids(rng, 200)  # + 8 output tokens > max_model_len 128
+    turns = tuple(
+        Request(k, 0.0, len(p) + k, 8, 4, slo=SLO(1.0, 0.5), conversation_id=0, turn_index=k,
+                prompt_token_ids=tuple(p + _ids(rng, k)), output_token_ids=tuple(_ids(rng, 4)))
+        for k in range(2)
+    )  # fmt: skip
+    out: dict = {}
+    run = threading.Thread(
+        target=lambda: out.update(rec=cluster.run([], [Session(0, turns, (0.05,), 0.0)],
+                                                  make_router("sticky"), "fcfs")),
+        daemon=True,
+    )  # fmt: skip
+    run.start()
+    run.join(60)
+    assert not run.is_alive(), "the run did not end"
+    merged = out["rec"].merged()
+    assert merged.num_requests == 1 and merged.reject_reason == ["exceeds_max_model_len"]
 
 
 def test_max_time_cuts_the_run(cluster):
