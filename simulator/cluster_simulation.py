@@ -37,6 +37,7 @@ from simulator.autoscaling import AutoscaleConfig, AutoscaleDriver
 from simulator.backend import SimBackend
 from simulator.cluster_transfers import TransferDriver
 from simulator.cost_model import CostModel
+from simulator.device_sharing import DeviceSpec
 from simulator.kv_link import LinkSpec
 from simulator.shared_device import SharedDevice
 from simulator.simulation import SimClock
@@ -45,9 +46,10 @@ from simulator.simulation import SimClock
 @dataclass(frozen=True, eq=False)
 class ReplicaSetup:
     """One replica's parts: its scheduler config, its own policy object (never shared), its
-    cost model, and optionally its model shape, a predictor (for views), a label, the name
-    of the GPU it runs on (replicas naming the same ``device`` share one GPU, their steps
-    serialized: ``simulator.shared_device``; ``None``: a GPU of its own) and its role
+    cost model, and optionally its model shape, a predictor (for views), a label, the GPU it
+    runs on (replicas naming the same ``device`` share one GPU: a name serializes their steps
+    first come first served, a ``DeviceSpec(name, "timeslice")`` time-slices them,
+    ``simulator.shared_device``; ``None``: a GPU of its own) and its role
     (``mixed``, or ``prefill`` / ``decode`` for disaggregated serving)."""
 
     config: SchedulerConfig
@@ -56,7 +58,7 @@ class ReplicaSetup:
     shape: ModelShape | None = None
     predictor: object = None
     name: str | None = None
-    device: str | None = None
+    device: str | DeviceSpec | None = None
     role: str = "mixed"
 
 
