@@ -91,18 +91,19 @@ class Simulation:
             self.scheduler, self.backend, self.arrivals, self.clock, end, self.check_every
         )
         engine = env.process(self._engine(loop))
-        # The run allocates millions of short-lived objects and no garbage cycles of its own;
-        # the cyclic collector would only rescan the caller's heap (a tokenised corpus, say).
+        # The run and its records allocate millions of short-lived objects and no garbage
+        # cycles of their own; the cyclic collector would only rescan the caller's heap (a
+        # tokenised corpus, say).
         was_enabled = gc.isenabled()
         gc.disable()
         try:
             env.run(until=engine)
+            self.scheduler.finish_run()
+            self.scheduler.check_integrity()
+            return self.scheduler.recorder.build()
         finally:
             if was_enabled:
                 gc.enable()
-        self.scheduler.finish_run()
-        self.scheduler.check_integrity()
-        return self.scheduler.recorder.build()
 
     def _engine(self, loop):  # noqa: ANN001, ANN202 - a SimPy process around the loop
         self.stalled = yield from loop
