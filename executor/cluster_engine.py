@@ -41,6 +41,7 @@ from horizon.cluster import Cluster, ClusterRecords, SessionRelease, Snapshot
 from horizon.cluster.router import Router
 from horizon.policies.base import Policy
 from horizon.request import Request
+from horizon.scheduler import never_fits_reason
 from horizon.wall_clock import WallClock
 
 PolicyLike = str | PolicySpec | Policy
@@ -396,10 +397,12 @@ class _Drive:
                 self.release.dropped(r)
 
     def _never_fits(self, i: int, r: Request) -> bool:
-        """Worker ``i``'s scheduler rejects ``r`` on arrival (``Scheduler.never_fits``'s rule
-        over the pool and model length the worker reported)."""
-        info, total = self.ec.infos[i], r.num_prompt_tokens + r.max_output_tokens
-        return total > info["max_model_len"] or -(-total // info["block_size"]) > info["num_blocks"]
+        """Worker ``i``'s scheduler rejects ``r`` on arrival (its rule over the pool and
+        model length the worker reported)."""
+        info = self.ec.infos[i]
+        return bool(
+            never_fits_reason(r, info["block_size"], info["num_blocks"], info["max_model_len"])
+        )
 
     def _later(self, r: Request) -> None:
         if r.arrival_time > self.end:

@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from horizon.request import Request
-from horizon.scheduler import REJECT_KV_POOL, REJECT_MAX_MODEL_LEN
+from horizon.scheduler import never_fits_reason
 
 Send = Callable[[tuple], None]
 
@@ -83,12 +83,7 @@ class RemoteScheduler:
 
     # -- decode replica --------------------------------------------------------------------------
     def never_fits(self, r: Request) -> str:
-        total = r.num_prompt_tokens + r.max_output_tokens
-        if total > self.max_model_len:
-            return REJECT_MAX_MODEL_LEN
-        if -(-total // self.kv.block_size) > self.num_blocks:
-            return REJECT_KV_POOL
-        return ""
+        return never_fits_reason(r, self.kv.block_size, self.num_blocks, self.max_model_len)
 
     def import_blocks(self, r: Request) -> int:
         return -(-(r.num_computed_tokens + 1) // self.kv.block_size)

@@ -48,6 +48,19 @@ REJECT_MAX_MODEL_LEN = "exceeds_max_model_len"
 REJECT_KV_POOL = "exceeds_kv_pool"
 
 
+def never_fits_reason(req: Request, block_size: int, num_blocks: int, max_model_len: int) -> str:
+    """Why ``req`` could never run on a pool of ``num_blocks`` blocks of ``block_size`` tokens
+    with ``max_model_len`` ("" if it could): prompt + output cap over the model length, or
+    more blocks than the pool has. ``Scheduler.add`` rejects with this reason; proxies of a
+    remote scheduler ask the same rule."""
+    total = req.num_prompt_tokens + req.max_output_tokens
+    if total > max_model_len:
+        return REJECT_MAX_MODEL_LEN
+    if -(-total // block_size) > num_blocks:
+        return REJECT_KV_POOL
+    return ""
+
+
 class Scheduler:
     """``add(request)``, ``schedule(now) -> StepPlan``, ``update(plan, result, now)``.
 
@@ -119,12 +132,7 @@ class Scheduler:
 
     def _never_fits(self, req: Request) -> str:
         cfg = self.config
-        total = req.num_prompt_tokens + req.max_output_tokens
-        if total > cfg.max_model_len:
-            return REJECT_MAX_MODEL_LEN
-        if -(-total // self._bs) > cfg.num_blocks:
-            return REJECT_KV_POOL
-        return ""
+        return never_fits_reason(req, self._bs, cfg.num_blocks, cfg.max_model_len)
 
     def _enqueue(self, req: Request, now: float) -> None:
         req.status = RequestStatus.WAITING

@@ -53,5 +53,10 @@ class ByteTokenizer:
     def apply_chat_template(
         self, messages: Sequence[dict[str, str]], add_generation_prompt: bool = True
     ) -> str:
-        text = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
-        return text + "<|im_start|>assistant\n" if add_generation_prompt else text
+        return chatml(messages, add_generation_prompt)
+
+
+def chatml(messages: Sequence[dict[str, str]], add_generation_prompt: bool = True) -> str:
+    """ChatML's text of ``messages`` (Qwen's template, no default system prompt)."""
+    text = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
+    return text + "<|im_start|>assistant\n" if add_generation_prompt else text

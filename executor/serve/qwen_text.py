@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from executor.serve.byte_tokenizer import chatml
+
 DEFAULT_NAME = "qwen2.5-72b-instruct"
 
 
@@ -43,5 +45,4 @@ class QwenText:
     def apply_chat_template(
         self, messages: Sequence[dict[str, str]], add_generation_prompt: bool = True
     ) -> str:
-        text = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
-        return text + "<|im_start|>assistant\n" if add_generation_prompt else text
+        return chatml(messages, add_generation_prompt)
