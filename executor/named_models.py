@@ -12,6 +12,7 @@ from pathlib import Path
 
 import torch
 
+from executor.model.config import ModelConfig
 from executor.model.decoder import CausalLM
 from executor.tokenizer import Tokenizer
 
@@ -35,6 +36,17 @@ def smollm2_path() -> Path:
     if not path.is_file():
         raise FileNotFoundError(f"{path} is missing; reinstall it: {SMOLLM2_INSTALL}")
     return path
+
+
+def named_config(name: str, dtype: str = "float32") -> ModelConfig:
+    """The model config of ``name`` from its file's metadata, no weights read (errors as
+    ``load_named``)."""
+    from executor.gguf_weights import model_config_from_gguf, open_gguf, read_gguf_metadata
+
+    if name not in _NAMED:
+        raise ValueError(f"unknown model {name!r}; known: {', '.join(named_model_names())}")
+    reader = open_gguf(_NAMED[name]())
+    return model_config_from_gguf(reader, dtype=dtype, name=name, meta=read_gguf_metadata(reader))
 
 
 def load_named(

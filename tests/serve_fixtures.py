@@ -59,16 +59,26 @@ def served(
     tokenizer = tokenizer or ByteTokenizer()
     server = build_server(model, tokenizer, config, model_name, policy, max_waiting)
     server.live.start()
-    http = ServerThread(server.app)
-    http.start()
     try:
-        yield server, http
+        with over_http(server) as http:
+            yield server, http
     finally:
-        http.stop()
-        server.live.close()
         torch.set_num_threads(threads)
     assert server.live.error is None
     server.live.check_integrity()
+
+
+@contextmanager
+def over_http(server: Server) -> Iterator[ServerThread]:
+    """``server``'s app on uvicorn (a thread, an ephemeral port) while the block runs; then
+    the HTTP thread stopped and the engine closed."""
+    http = ServerThread(server.app)
+    http.start()
+    try:
+        yield http
+    finally:
+        http.stop()
+        server.live.close()
 
 
 def settle(server: Server, timeout: float = 30.0) -> None:

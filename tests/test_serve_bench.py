@@ -1,4 +1,5 @@
-"""The serving benchmark runs end to end on the tiny CPU model (its figures are for a GPU)."""
+"""The serving benchmark runs end to end on the tiny CPU model, both servers (the engine in
+its own process and on a thread); its figures are for a GPU."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from executor.serve import bench
 ARGS = (
     "--model tiny --device cpu --concurrency 2 --requests 4 --prompt-len 12 --output-len 8 "
     "--low-load-requests 2 --low-load-output 3 --block-size 4 --max-num-batched-tokens 32 "
-    "--torch-threads 1"
+    "--torch-threads 1 --engine thread,process"
 )
 
 
@@ -25,8 +26,11 @@ def test_bench_runs_and_writes_json(tmp_path, capsys):
     result = json.loads(out.read_text())
     (row,) = result["rows"]
     assert row["concurrency"] == 2
-    assert row["http"]["tokens"] == row["http"]["expected_tokens"] == 4 * 8  # forced lengths
-    for path in ("http", "offline", "offline_serial"):
-        assert row[path]["tok_s"] > 0
-    assert result["low_load"]["http_ttft_p50_s"] > 0 < result["low_load"]["offline_ttft_p50_s"]
+    assert set(row["http"]) == {"thread", "process"}
+    for http in row["http"].values():
+        assert http["tokens"] == http["expected_tokens"] == 4 * 8  # forced lengths
+        assert http["tok_s"] > 0
+    assert row["offline"]["tok_s"] > 0 < row["offline_serial"]["tok_s"]
+    low = result["low_load"]
+    assert min(low["http_ttft_p50_s"].values()) > 0 < low["offline_ttft_p50_s"]
     assert "http/offline" in capsys.readouterr().out

@@ -67,6 +67,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="write the run's records (.npz) here at exit, and beside it (.json) the Unix time "
         "of the records' clock zero",
     )
+    p.add_argument(
+        "--engine",
+        default="process",
+        choices=("process", "thread"),
+        help="the engine in a process of its own (default), or on a thread of the server's",
+    )
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     return p.parse_args(argv)
@@ -91,30 +97,16 @@ def engine_config(args: argparse.Namespace, max_positions: int) -> EngineConfig:
 def main(argv: list[str] | None = None) -> int:
     import uvicorn
 
-    from executor.serve.server import build_server
-
     args = parse_args(argv)
     try:
-        model, tokenizer = load_model(
-            args.model, args.dtype, args.device, args.seed, args.tokenizer
-        )
-        config = engine_config(args, model.config.max_position_embeddings)
-        server = build_server(
-            model,
-            tokenizer,
-            config,
-            args.served_model_name or args.model,
-            args.policy,
-            args.max_waiting,
-        )
-    except (ValueError, FileNotFoundError) as e:  # a wrong name, weights not installed
+        server = _build(args)
+    except (ValueError, FileNotFoundError, RuntimeError) as e:  # a wrong name, no weights
         print(f"error: {e}", file=sys.stderr)
         return 2
     live = server.live
-    live.start()
-    live.call(live.engine.warmup).result()  # CUDA graphs, captured on the engine's thread
     print(
-        f"serving {server.model_name} on http://{args.host}:{args.port}/v1 ({args.policy})",
+        f"serving {server.model_name} on http://{args.host}:{args.port}/v1 ({args.policy}, "
+        f"engine in {'its own process' if args.engine == 'process' else 'a thread'})",
         flush=True,
     )
     try:
@@ -126,11 +118,33 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if live.error is None else 1
 
 
+def _build(args: argparse.Namespace):  # noqa: ANN202
+    """The server, its engine started and warmed up (CUDA graphs captured on the engine's
+    own thread)."""
+    from executor.serve.server import build_server, start_process_server
+
+    name = args.served_model_name or args.model
+    if args.engine == "process":
+        from executor.serve.engine_child import EngineSpec
+        from executor.serve.model_loading import max_positions
+
+        config = engine_config(args, max_positions(args.model))
+        spec = EngineSpec(
+            args.model, config, args.dtype, args.device, args.seed, args.tokenizer, args.policy
+        )
+        return start_process_server(spec, name, args.max_waiting)
+    model, tokenizer = load_model(args.model, args.dtype, args.device, args.seed, args.tokenizer)
+    config = engine_config(args, model.config.max_position_embeddings)
+    server = build_server(model, tokenizer, config, name, args.policy, args.max_waiting)
+    server.start()
+    return server
+
+
 def _save_records(live, path: str) -> None:
     """The records (``path``) and their clock's zero as Unix time (``path`` with ``.json``):
     what lines them up with a load generator's timestamps."""
     live.records().save_npz(path)
-    zero = time.time() - (time.perf_counter() - live.clock.start)
+    zero = time.time() - (time.perf_counter() - live.clock_start)
     with open(os.path.splitext(path)[0] + ".json", "w") as f:
         json.dump({"clock_zero_unix_s": zero}, f)
     print(f"records: {path}")

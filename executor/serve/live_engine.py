@@ -71,6 +71,8 @@ class LiveEngine:
     max_waiting: ``submit`` raises QueueFull while this many requests wait.
     publish: receives each step's events on the engine thread.
     idle_poll_s: longest sleep of an idle loop between looks at its inbox.
+    on_stats: receives the new ``Stats`` and ``num_waiting`` on the engine thread after every
+        step and boundary (an engine process sends them to its server).
     """
 
     def __init__(
@@ -82,6 +84,7 @@ class LiveEngine:
         max_waiting: int = 1024,
         publish: Publish | None = None,
         idle_poll_s: float = 1.0,
+        on_stats: Callable[[Stats, int], None] | None = None,
     ) -> None:
         if max_waiting < 1:
             raise ValueError(f"max_waiting must be >= 1, got {max_waiting!r}")
@@ -95,6 +98,7 @@ class LiveEngine:
         self.backend = StreamBackend(e.runner, self.sched, self.clock, publish or _drop)
         self.inbox = Inbox(self.backend, idle_poll_s, on_boundary=self._publish_stats)
         self.stats = Stats(num_blocks=e.num_blocks)
+        self._on_stats = on_stats
         self.error: BaseException | None = None
         self._lock = threading.Lock()
         self._next_id = 0
@@ -108,6 +112,24 @@ class LiveEngine:
     def alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
+    @property
+    def num_blocks(self) -> int:
+        return self.engine.num_blocks
+
+    @property
+    def vocab_size(self) -> int:
+        return self.engine.model.config.vocab_size
+
+    @property
+    def num_waiting(self) -> int:
+        """Requests submitted and not yet running (what ``max_waiting`` bounds)."""
+        return self.inbox.num_waiting
+
+    @property
+    def clock_start(self) -> float:
+        """``time.perf_counter()`` at the records' time zero."""
+        return self.clock.start
+
     # -- any thread ------------------------------------------------------------------------------
     def start(self) -> None:
         """Start the engine thread (once)."""
@@ -115,14 +137,21 @@ class LiveEngine:
         self._thread = threading.Thread(target=self._run, name="horizon-engine", daemon=True)
         self._thread.start()
 
+    def warmup(self) -> None:
+        """Capture the engine's CUDA graphs on its own thread (after ``start``)."""
+        self.call(self.engine.warmup).result()
+
     def never_fits(self, num_prompt_tokens: int, max_tokens: int) -> str:
         """Why such a request could never run here ("" if it could): the model length or the KV
         pool (``Scheduler.never_fits``)."""
         probe = Request(0, 0.0, num_prompt_tokens, max_tokens, max_tokens)
         return self.sched.never_fits(probe)
 
-    def submit(self, prompt_ids: Sequence[int], params: GenerationParams) -> int:
-        """Queue a request; returns its id (its events carry it).
+    def submit(
+        self, prompt_ids: Sequence[int], params: GenerationParams, request_id: int | None = None
+    ) -> int:
+        """Queue a request; returns its id (its events carry it): ``request_id`` if given
+        (the caller keeps ids unique: an engine process takes its server's), else the next.
 
         Raises:
             QueueFull: ``max_waiting`` requests wait already.
@@ -133,8 +162,8 @@ class LiveEngine:
                 raise EngineUnavailable(_why_down(self.error))
             if self.inbox.num_waiting >= self.max_waiting:
                 raise QueueFull(f"{self.max_waiting} requests are waiting")
-            rid = self._next_id
-            self._next_id += 1
+            rid = self._next_id if request_id is None else request_id
+            self._next_id = max(self._next_id, rid + 1)
         detok = make_detokenizer(self.tokenizer, params.skip_special_tokens)
         eos = self.tokenizer.eos_token_ids
         gen = Generation(rid, params, len(prompt_ids), eos, detok)
@@ -218,6 +247,8 @@ class LiveEngine:
             s.num_aborted,
             s.clock.step,
         )
+        if self._on_stats is not None:
+            self._on_stats(self.stats, self.inbox.num_waiting)
 
     def _sampling(self, r: Request) -> SamplingParams:
         return self.backend.generations[r.request_id].params.sampling

@@ -41,6 +41,19 @@ def shape_tokenizer(name: str) -> TokenizerLike:
     raise ValueError(f"tokenizer: unknown {name!r}; one of {', '.join(TOKENIZERS)}")
 
 
+def max_positions(name: str) -> int:
+    """The longest sequence the model ``name`` takes (its config; no weights loaded). Errors
+    as ``load_model``."""
+    if name in random_shapes():
+        config = tiny_config() if name == TINY else ModelConfig.for_preset(name)
+        return config.max_position_embeddings
+    from executor.named_models import named_config, named_model_names
+
+    if name not in named_model_names():
+        load_model(name, None, "cpu")  # raises the unknown-name error
+    return named_config(name).max_position_embeddings
+
+
 def load_model(
     name: str, dtype: str | None, device: str, seed: int = 0, tokenizer: str = "byte"
 ) -> tuple[CausalLM, TokenizerLike]:

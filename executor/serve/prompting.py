@@ -5,9 +5,8 @@ from __future__ import annotations
 
 from executor.sampling import SamplingParams
 from executor.serve.api_error import ApiError, invalid_value
-from executor.serve.live_engine import LiveEngine
 from executor.serve.params import GenerationParams
-from executor.serve.protocol import TokenizerLike
+from executor.serve.protocol import EngineHandle, TokenizerLike
 from executor.serve.request_parsing import ApiRequest
 
 SEED_RANGE = 2**62  # sampling seeds are int64 on the device; 0 means "derived per request"
@@ -33,7 +32,7 @@ def prompt_ids(req: ApiRequest, tokenizer: TokenizerLike, vocab_size: int) -> li
     return ids
 
 
-def generation_params(req: ApiRequest, num_prompt: int, live: LiveEngine) -> GenerationParams:
+def generation_params(req: ApiRequest, num_prompt: int, live: EngineHandle) -> GenerationParams:
     """The request's parameters; ``max_tokens`` defaults to what the model length and the KV
     pool leave.
 
@@ -42,7 +41,7 @@ def generation_params(req: ApiRequest, num_prompt: int, live: LiveEngine) -> Gen
             ``context_length_exceeded``), or ``min_tokens`` exceeds the default ``max_tokens``.
     """
     cfg = live.config
-    limit = min(cfg.max_model_len, live.engine.num_blocks * cfg.block_size)
+    limit = min(cfg.max_model_len, live.num_blocks * cfg.block_size)
     max_tokens = req.max_tokens if req.max_tokens is not None else limit - num_prompt
     if max_tokens < 1 or live.never_fits(num_prompt, max_tokens):
         raise _too_long(req, num_prompt, max_tokens, limit)

@@ -1,0 +1,116 @@
+"""The server with its engine in a process of its own (``EngineProcess``), over real HTTP: the
+same greedy tokens as a dense decode of the same weights, concurrent forced-length streams, an
+abort, gauges back to zero, the run's records returned at close, and the
+errors a user can cause (a policy the process cannot build, a closed engine)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import openai
+import pytest
+from serve_fixtures import MODEL, over_http, settle, tiny_config_for_serving
+from test_engine_offline import dense_greedy
+
+from executor.serve.byte_tokenizer import ByteTokenizer
+from executor.serve.engine_child import EngineSpec
+from executor.serve.live_engine import EngineUnavailable
+from executor.serve.model_loading import load_model
+from executor.serve.params import GenerationParams
+from executor.serve.server import start_process_server
+
+TOK = ByteTokenizer()
+
+
+def spec(**kw) -> EngineSpec:
+    return EngineSpec(MODEL, tiny_config_for_serving(), torch_threads=1, **kw)
+
+
+@pytest.fixture(scope="module")
+def served():
+    server = start_process_server(spec(), MODEL)
+    with over_http(server) as http:
+        yield server, http
+    assert server.live.error is None
+
+
+@pytest.fixture
+def client(served) -> openai.OpenAI:
+    return openai.OpenAI(base_url=served[1].url + "/v1", api_key="-", max_retries=0)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_completion_equals_a_dense_greedy_decode(served, client, stream):
+    model, _ = load_model(MODEL, None, "cpu")  # the engine process's weights (same seed)
+    expect = TOK.decode(dense_greedy(model, TOK.encode("Hello"), 12))
+    r = client.completions.create(
+        model=MODEL,
+        prompt="Hello",
+        max_tokens=12,
+        temperature=0,
+        stream=stream,
+        extra_body={"ignore_eos": True},
+    )
+    text = "".join(c.text for ch in r for c in ch.choices) if stream else r.choices[0].text
+    assert text == expect
+    settle(served[0])
+
+
+def test_concurrent_streams_finish_and_free_every_block(served):
+    client = openai.AsyncOpenAI(base_url=served[1].url + "/v1", api_key="-", max_retries=0)
+
+    async def one(i: int) -> int:
+        extra = {"ignore_eos": True, "min_tokens": 20}
+        s = await client.completions.create(
+            model=MODEL,
+            prompt=f"stream {i}",
+            max_tokens=20,
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_body=extra,
+        )
+        usage = [ch.usage async for ch in s if ch.usage is not None]
+        return usage[0].completion_tokens
+
+    async def all_of() -> list[int]:
+        try:
+            return await asyncio.gather(*(one(i) for i in range(12)))
+        finally:
+            await client.close()
+
+    assert asyncio.run(all_of()) == [20] * 12
+    server = served[0]
+    settle(server)
+    assert server.live.stats.kv_used_blocks == 0 and server.live.num_waiting == 0
+    gauges = httpx.get(served[1].url + "/metrics").text
+    assert f'vllm:num_requests_running{{model_name="{MODEL}"}} 0' in gauges
+
+
+def test_an_abort_reaches_the_engine(served):
+    """Submit and abort go down one pipe in order: the engine takes both at one boundary and
+    the request ends aborted (the HTTP disconnect path above it is the thread engine's)."""
+    live = served[0].live
+    before = live.stats.num_aborted
+    rid = live.submit(TOK.encode("abort me"), GenerationParams(max_tokens=200, ignore_eos=True))
+    live.abort(rid)
+    settle(served[0])
+    assert live.stats.num_aborted == before + 1 and live.stats.kv_used_blocks == 0
+
+
+def test_close_returns_the_records_and_refuses_new_requests():
+    server = start_process_server(spec(), MODEL)
+    live = server.live
+    with over_http(server) as http:
+        r = httpx.post(http.url + "/v1/completions", json={"prompt": "ab", "max_tokens": 5})
+        assert r.status_code == 200
+    records = live.records()
+    assert records.num_requests == 1 and int(records.num_output_tokens.sum()) <= 5
+    assert not live.alive
+    with pytest.raises(EngineUnavailable, match="closed"):
+        live.submit([1, 2], GenerationParams(max_tokens=2))
+
+
+def test_a_policy_the_process_cannot_build_is_reported():
+    with pytest.raises(RuntimeError, match="no_such_module"):
+        start_process_server(spec(policy="no_such_module:Policy"), MODEL)
