@@ -16,8 +16,10 @@ server to engine (``commands``)::
 engine to server (``outbox``)::
 
     ("ready", EngineInfo, tokenizer)   once, after the model is loaded; or ("failed", error)
-    ("events", [tuple, ...])           one step's events (``pack_events``)
-    ("stats", Stats, num_waiting, num_received)
+    ("step", [tuple, ...], Stats, num_waiting, num_received)
+                                       after each step and boundary: the events since the
+                                       last one (``pack_events``), then the engine's state
+    ("events", [tuple, ...])           a request refused at submission
     ("reply", token, error)            error "" when the call succeeded
     ("down", error)                    the engine loop stopped on an error
     ("closed", RunRecords | None, error)   last
@@ -115,6 +117,7 @@ class _Child:
         )
         self.outbox = outbox
         self.num_received = 0
+        self._pending: list[Event] = []  # the engine thread's, until its next stats
         self.live = LiveEngine(
             model,
             self.tokenizer,
@@ -126,10 +129,12 @@ class _Child:
         )
 
     def _publish(self, events: list[Event]) -> None:
-        self.outbox.send(("events", pack_events(events)))
+        self._pending += events
 
     def _on_stats(self, stats: Stats, num_waiting: int) -> None:
-        self.outbox.send(("stats", stats, num_waiting, self.num_received))
+        """One message per step (events and state together): the server's reader wakes once."""
+        events, self._pending = pack_events(self._pending), []
+        self.outbox.send(("step", events, stats, num_waiting, self.num_received))
 
     def serve(self, commands: Connection) -> None:
         """Read commands until "close" (or the server's end of the pipe closes)."""

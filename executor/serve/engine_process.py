@@ -1,9 +1,11 @@
 """The server's side of an engine in its own process (``executor.serve.engine_child``).
 
 ``EngineProcess`` is an ``EngineHandle``: ``submit`` and ``abort`` are one pipe message each
-(request ids are assigned here, so no reply is awaited); a reader thread hands each step's
-events to ``publish`` and keeps the engine's latest ``Stats``. Admission control is counted
-here: what the engine last reported waiting, plus what was sent since that report.
+(request ids are assigned here, so no reply is awaited); a reader thread hands the steps'
+events to ``publish`` (all that have come since its last wake-up, in one call: a reader that
+waits for the interpreter lock never falls behind) and keeps the engine's latest ``Stats``.
+Admission control is counted here: what the engine last reported waiting, plus what was sent
+since that report.
 """
 
 from __future__ import annotations
@@ -203,30 +205,42 @@ class EngineProcess:
             return None
 
     def _read(self) -> None:
-        """The reader thread: until "closed" (or the process is gone)."""
+        """The reader thread: until "closed" (or the process is gone). It takes every message
+        the pipe holds at each wake-up and publishes their events in one call."""
         while (message := self._recv()) is not None:
-            kind = message[0]
-            if kind == "events":
-                self._publish(unpack_events(message[1]))
-            elif kind == "stats":
-                _, self.stats, waiting, received = message
-                with self._lock:
-                    self._reported = (waiting, received)
-            elif kind == "reply":
-                self._replies.pop(message[1]).set_result(message[2])
-            elif kind == "down":
-                self._down, self.error = True, RuntimeError(message[1])
-            elif kind == "closed":
-                if message[2]:
-                    self.error = RuntimeError(message[2])
-                self._closed.set_result(message[1])
-                return
+            batch = [message]
+            while self._events.poll(0) and (message := self._recv()) is not None:
+                batch.append(message)
+            events = [e for m in batch if m[0] in ("step", "events") for e in m[1]]
+            if events:
+                self._publish(unpack_events(events))
+            for m in batch:
+                if self._take(m):
+                    return
         self._down = True
         self.error = self.error or RuntimeError("the engine process ended")
         if not self._closed.done():
             self._closed.set_result(None)
         for fut in self._replies.values():
             fut.set_result("the engine process ended")
+
+    def _take(self, message: tuple[Any, ...]) -> bool:
+        """Apply one message but its events; True for the last one ("closed")."""
+        kind = message[0]
+        if kind == "step":
+            _, _, self.stats, waiting, received = message
+            with self._lock:
+                self._reported = (waiting, received)
+        elif kind == "reply":
+            self._replies.pop(message[1]).set_result(message[2])
+        elif kind == "down":
+            self._down, self.error = True, RuntimeError(message[1])
+        elif kind == "closed":
+            if message[2]:
+                self.error = RuntimeError(message[2])
+            self._closed.set_result(message[1])
+            return True
+        return False
 
     def _why_down(self) -> str:
         if self._proc is None:

@@ -11,8 +11,11 @@ from typing import Any
 DONE = "data: [DONE]\n\n"
 
 
+_encode = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
+
+
 def sse(obj: dict[str, Any]) -> str:
-    return f"data: {json.dumps(obj, ensure_ascii=False, separators=(',', ':'))}\n\n"
+    return f"data: {_encode(obj)}\n\n"
 
 
 def usage(num_prompt: int, num_output: int) -> dict[str, int]:
@@ -36,6 +39,7 @@ class ResponseFormat:
         self.created = int(time.time())
         self.model = model
         self.include_usage = include_usage
+        self._chunk_sse = self._chunk_template()
 
     def _head(self, chunk: bool) -> dict[str, Any]:
         if self.chat:
@@ -68,6 +72,18 @@ class ResponseFormat:
         if self.include_usage:
             out["usage"] = None
         return out
+
+    def chunk_sse(self, text: str, finish_reason: str | None = None) -> str:
+        """``sse(self.chunk(text, finish_reason))``, the same characters, from a template
+        made once per response (the per-token path of a stream)."""
+        head, mid, tail = self._chunk_sse
+        return f"{head}{_encode(text)}{mid}{_encode(finish_reason)}{tail}"
+
+    def _chunk_template(self) -> tuple[str, str, str]:
+        mark = "\x00text\x00"
+        whole = sse(self.chunk(mark, mark))
+        head, mid, tail = whole.split(_encode(mark))
+        return head, mid, tail
 
     def usage_chunk(self, num_prompt: int, num_output: int) -> dict:
         """The last chunk of a stream with ``include_usage``: no choices, the usage."""

@@ -10,6 +10,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from executor.serve.api_error import ApiError
+from executor.serve.events import Event
 from executor.serve.openai_format import DONE, ResponseFormat, sse
 from executor.serve.streams import RequestStream
 
@@ -27,12 +28,11 @@ def streamed(
         try:
             if fmt.chat:
                 yield sse(fmt.chunk("", role=True))
-            async for e in stream:
-                n = e.num_output_tokens
-                if e.finish_reason == "error":
-                    yield sse(fmt.error_chunk(e.error))
+            async for batch in stream.batches():
+                parts, n, failed = _chunks(batch, fmt, n)
+                yield parts
+                if failed:
                     break
-                yield sse(fmt.chunk(e.text, e.finish_reason))  # one per token, text or not
             if fmt.include_usage:
                 yield sse(fmt.usage_chunk(stream.num_prompt_tokens, n))
             yield DONE
@@ -42,6 +42,19 @@ def streamed(
 
     headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
     return StreamingResponse(body(), media_type="text/event-stream", headers=headers)
+
+
+def _chunks(events: list[Event], fmt: ResponseFormat, n: int) -> tuple[str, int, bool]:
+    """The events' chunks (one per token, text or not) in one string, the tokens so far, and
+    whether the engine failed (an error chunk, last)."""
+    parts = []
+    for e in events:
+        n = e.num_output_tokens
+        if e.finish_reason == "error":
+            parts.append(sse(fmt.error_chunk(e.error)))
+            return "".join(parts), n, True
+        parts.append(fmt.chunk_sse(e.text, e.finish_reason))
+    return "".join(parts), n, False
 
 
 async def collected(

@@ -32,6 +32,17 @@ class RequestStream:
             self.done = event.finish_reason is not None
             yield event
 
+    async def batches(self) -> AsyncIterator[list[Event]]:
+        """The same events, as many at a time as have come (at least one): a stream that
+        has fallen behind the engine catches up in one write."""
+        queue = self._queue
+        while not self.done:
+            batch = [await queue.get()]
+            while not queue.empty():
+                batch.append(queue.get_nowait())
+            self.done = batch[-1].finish_reason is not None
+            yield batch
+
 
 class StreamHub:
     """Streams by request id; ``bind`` it to the running loop before the first ``post``."""
