@@ -29,6 +29,7 @@ def test_bench_runs_and_writes_json(tmp_path, capsys):
     assert set(row["http"]) == {"thread", "process"}
     for http in row["http"].values():
         assert http["tokens"] == http["expected_tokens"] == 4 * 8  # forced lengths
+        assert http["transport_errors"] == []
         assert http["tok_s"] > 0
     assert row["offline"]["tok_s"] > 0 < row["offline_serial"]["tok_s"]
     low = result["low_load"]

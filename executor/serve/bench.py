@@ -125,7 +125,7 @@ def _requests(ids: list[list[int]], out: int) -> list[Request]:
 
 def http(url: str, ids: list[list[int]], out: int, c: int) -> dict:
     """Tokens/s and client-side p50 TTFT and ITL of ``ids`` through ``c`` streams (the client
-    in a spawned process)."""
+    in a spawned process), and the transport errors its retries met."""
     body = {"max_tokens": out, "min_tokens": out, "ignore_eos": True, "temperature": 0}
     body.update(stream=True, stream_options={"include_usage": True})
     bodies = [{**body, "prompt": p} for p in ids]
@@ -145,6 +145,7 @@ def http(url: str, ids: list[list[int]], out: int, c: int) -> dict:
         "itl_p50_s": statistics.median(itl) if itl else float("nan"),
         "tokens": tokens,
         "expected_tokens": len(ids) * out,
+        "transport_errors": result["transport_errors"],
     }
 
 
@@ -240,7 +241,8 @@ def table(result: dict) -> str:
         f"{result['model']} on {result['device_name']}, {result['policy']}, "
         f"{result['requests']} requests of {result['prompt_len']} + {result['output_len']} tokens",
         f"{'streams':>8} {'engine':>8} {'http tok/s':>11} {'offline tok/s':>14} "
-        f"{'serial tok/s':>13} {'http/offline':>13} {'http TTFT p50':>14} {'http ITL p50':>13}",
+        f"{'serial tok/s':>13} {'http/offline':>13} {'http TTFT p50':>14} {'http ITL p50':>13} "
+        "retried",
     ]
     for r in result["rows"]:
         o, s = r["offline"], r["offline_serial"]
@@ -248,7 +250,8 @@ def table(result: dict) -> str:
             lines.append(
                 f"{r['concurrency']:>8} {mode:>8} {h['tok_s']:>11.1f} {o['tok_s']:>14.1f} "
                 f"{s['tok_s']:>13.1f} {h['tok_s'] / o['tok_s']:>13.2f} "
-                f"{h['ttft_p50_s'] * 1e3:>11.1f} ms {h['itl_p50_s'] * 1e3:>10.2f} ms"
+                f"{h['ttft_p50_s'] * 1e3:>11.1f} ms {h['itl_p50_s'] * 1e3:>10.2f} ms "
+                f"{len(h['transport_errors']):>7}"
             )
     low = result["low_load"]
     http_ttft = ", ".join(f"{m} {t * 1e3:.1f} ms" for m, t in low["http_ttft_p50_s"].items())

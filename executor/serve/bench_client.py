@@ -42,28 +42,41 @@ async def _one(client: httpx.AsyncClient, body: dict) -> Timing:
     return Timing(sent, times, tokens, finish)
 
 
-async def _run(url: str, bodies: list[dict], concurrency: int) -> tuple[float, list[Timing]]:
+async def _one_or_retry(client: httpx.AsyncClient, body: dict, errors: list[str]) -> Timing:
+    """``_one``, sent again (once) when its connection fails (e.g. a reused keep-alive
+    connection closed under it); each failure is counted, a failed attempt's tokens are not."""
+    try:
+        return await _one(client, body)
+    except httpx.TransportError as e:
+        errors.append(f"{type(e).__name__}: {e}")
+        return await _one(client, body)
+
+
+async def _run(
+    url: str, bodies: list[dict], concurrency: int
+) -> tuple[float, list[Timing], list[str]]:
     limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency)
     queue: asyncio.Queue[dict] = asyncio.Queue()
     for b in bodies:
         queue.put_nowait(b)
     out: list[Timing] = []
+    errors: list[str] = []
     async with httpx.AsyncClient(base_url=url, limits=limits, timeout=600) as client:
 
         async def worker() -> None:
             while not queue.empty():
-                out.append(await _one(client, queue.get_nowait()))
+                out.append(await _one_or_retry(client, queue.get_nowait(), errors))
 
         start = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(concurrency)))
-        return time.perf_counter() - start, out
+        return time.perf_counter() - start, out, errors
 
 
 def run_load(url: str, bodies: list[dict], concurrency: int) -> dict:
-    """Serve ``bodies`` through ``concurrency`` streams; wall seconds and each request's
-    timings (plain dicts: picklable across processes)."""
-    wall, timings = asyncio.run(_run(url, bodies, concurrency))
-    return {"wall": wall, "timings": [asdict(t) for t in timings]}
+    """Serve ``bodies`` through ``concurrency`` streams; wall seconds, each request's timings
+    (plain dicts: picklable across processes) and the transport errors retried."""
+    wall, timings, errors = asyncio.run(_run(url, bodies, concurrency))
+    return {"wall": wall, "timings": [asdict(t) for t in timings], "transport_errors": errors}
 
 
 def main() -> None:
