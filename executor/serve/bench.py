@@ -67,6 +67,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--engine", default="process", help="comma-separated: process, thread (servers measured)"
     )
+    p.add_argument(
+        "--client-procs", type=int, default=4, help="client processes sharing the streams"
+    )
     p.add_argument("--json-out", default=None)
     return p.parse_args(argv)
 
@@ -123,30 +126,46 @@ def _requests(ids: list[list[int]], out: int) -> list[Request]:
     return [Request(i, 0.0, len(p), out, out, prompt_token_ids=tuple(p)) for i, p in enumerate(ids)]
 
 
-def http(url: str, ids: list[list[int]], out: int, c: int) -> dict:
+def http(url: str, ids: list[list[int]], out: int, c: int, procs: int = 1) -> dict:
     """Tokens/s and client-side p50 TTFT and ITL of ``ids`` through ``c`` streams (the client
-    in a spawned process), and the transport errors its retries met."""
+    in ``procs`` spawned processes, the streams and requests shared out among them), and the
+    transport errors their retries met."""
     body = {"max_tokens": out, "min_tokens": out, "ignore_eos": True, "temperature": 0}
     body.update(stream=True, stream_options={"include_usage": True})
     bodies = [{**body, "prompt": p} for p in ids]
-    job = json.dumps({"url": url, "bodies": bodies, "concurrency": c})
-    cmd = [sys.executable, "-m", "executor.serve.bench_client"]
-    proc = subprocess.run(cmd, input=job, capture_output=True, text=True, check=False)
-    if proc.returncode:
-        raise RuntimeError(f"the benchmark client failed:\n{proc.stderr}")
-    result = json.loads(proc.stdout)
-    timings = result["timings"]
+    k = max(1, min(procs, c))
+    results = _clients(
+        url, [bodies[i::k] for i in range(k)], [len(range(i, c, k)) for i in range(k)]
+    )
+    timings = [t for r in results for t in r["timings"]]
+    wall = max(r["end"] for r in results) - min(r["start"] for r in results)
     tokens = sum(t["num_tokens"] for t in timings)
     ttft = [t["token_times"][0] - t["sent"] for t in timings]
     itl = [b - a for t in timings for a, b in zip(t["token_times"], t["token_times"][1:])]
     return {
-        "tok_s": tokens / result["wall"],
+        "tok_s": tokens / wall,
         "ttft_p50_s": statistics.median(ttft),
         "itl_p50_s": statistics.median(itl) if itl else float("nan"),
         "tokens": tokens,
         "expected_tokens": len(ids) * out,
-        "transport_errors": result["transport_errors"],
+        "client_procs": k,
+        "transport_errors": [e for r in results for e in r["transport_errors"]],
     }
+
+
+def _clients(url: str, shares: list[list[dict]], streams: list[int]) -> list[dict]:
+    """One ``bench_client`` process per share, all at once; their results."""
+    cmd = [sys.executable, "-m", "executor.serve.bench_client"]
+    pipe = subprocess.PIPE
+    procs = [subprocess.Popen(cmd, stdin=pipe, stdout=pipe, stderr=pipe, text=True) for _ in shares]
+    for p, share, n in zip(procs, shares, streams):
+        p.stdin.write(json.dumps({"url": url, "bodies": share, "concurrency": n}))
+        p.stdin.close()
+    outs = [(p.stdout.read(), p.stderr.read(), p.wait()) for p in procs]
+    failed = [err for _, err, rc in outs if rc]
+    if failed:
+        raise RuntimeError(f"the benchmark client failed:\n{failed[0]}")
+    return [json.loads(out) for out, _, _ in outs]
 
 
 def served(model, tokenizer, args, mode, ids, low) -> tuple[dict, dict]:  # noqa: ANN001
@@ -177,7 +196,7 @@ def served(model, tokenizer, args, mode, ids, low) -> tuple[dict, dict]:  # noqa
     try:
         http(thread.url, low[:2], args.low_load_output, 1)  # warm
         low_http = http(thread.url, low, args.low_load_output, 1)
-        rows = {c: http(thread.url, ids, args.output_len, c) for c in levels}
+        rows = {c: http(thread.url, ids, args.output_len, c, args.client_procs) for c in levels}
     finally:
         thread.stop()
         server.live.close()
