@@ -4,7 +4,9 @@
         --json-out serve_bench.json
 
 Every request has a random ``--prompt-len``-token prompt and is forced to ``--output-len``
-tokens (``ignore_eos``, ``min_tokens == max_tokens``; greedy), so both paths do the same work.
+tokens (``ignore_eos``, ``min_tokens == max_tokens``; greedy), and prefix caching is off (one
+server serves every level the same prompts; an offline run warms up on some of them), so every
+path does the same work.
 
 * throughput, per concurrency ``c``: ``--requests`` requests through ``c`` concurrent
   streams of the server (a closed loop: each stream sends its next request when one ends; the
@@ -85,6 +87,7 @@ def engine_config(args: argparse.Namespace, max_num_seqs: int, **kw) -> EngineCo
         max_num_seqs=max_num_seqs,
         max_model_len=length,
         attention_backend=args.attention_backend,
+        enable_prefix_caching=False,  # every path computes every prompt: the same work
         seed=args.seed,
         **kw,
     )
