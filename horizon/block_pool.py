@@ -36,6 +36,9 @@ class BlockPool:
         * ``adopt`` takes a reference on blocks found by ``match`` (reviving cached free blocks).
         * ``release`` drops one reference per id; a block reaching 0 becomes free (cached if it
           has a hash, plain otherwise). Releasing a block with ref 0 is an AssertionError.
+        * ``release_drafts`` frees blocks that held only rejected draft tokens: each must be
+          held once and never published (an AssertionError otherwise), so the prefix-cache
+          index and its hash chains are untouched; they return to the plain free stack.
     """
 
     def __init__(self, num_blocks: int, block_size: int) -> None:
@@ -69,6 +72,10 @@ class BlockPool:
 
     def ref_count(self, block: int) -> int:
         return self._ref[block]
+
+    def hash_of(self, block: int) -> int | None:
+        """The chained hash ``block`` is published under (None: not published)."""
+        return self._hash[block]
 
     def is_cached(self, block_hash: int) -> bool:
         return block_hash in self._index
@@ -144,6 +151,15 @@ class BlockPool:
                     plain.append(b)
                 else:
                     lru[b] = None
+
+    def release_drafts(self, blocks: Sequence[int]) -> None:
+        """Free a table's tail blocks whose draft tokens were rejected (see the contract)."""
+        ref, hashes, plain = self._ref, self._hash, self._plain
+        for b in reversed(blocks):
+            assert ref[b] == 1, f"draft block {b} is shared (ref {ref[b]})"
+            assert hashes[b] is None, f"draft block {b} was published in the prefix cache"
+            ref[b] = 0
+            plain.append(b)
 
     def register(self, block: int, block_hash: int) -> bool:
         """Publish a full, used block under its chained hash. False if the hash is taken."""

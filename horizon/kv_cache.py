@@ -11,6 +11,13 @@ Only *prompt* blocks are hashed: generated tokens differ between backends (place
 simulator), so sharing stops at the prompt. A prefix hit never covers a request's last token
 (docs/design.md), so every request computes at least one token and produces logits (a recompute
 prefill keeps two, so that its counters still read as a prefill).
+
+Speculative decoding (``horizon.speculation``): a verifying request's table grows, for one step,
+past ``ceil(C / bs)`` by the blocks its draft tokens need (``allocate_drafts``: its *draft
+tail*); ``trim`` then returns the blocks beyond its accepted tokens. A block is hashed only
+from ``C``, the accepted tokens, so a draft never enters the prefix cache (and generated
+tokens are never hashed at all); a draft tail is held once and unhashed, which
+``check_integrity`` asserts.
 """
 
 from __future__ import annotations
@@ -41,6 +48,7 @@ class KVCacheManager:
         self._tables: dict[int, list[int]] = {}
         self._registered: dict[int, int] = {}  # request id -> prompt blocks registered
         self._hashes: dict[int, list[int]] = {}  # request id -> prompt block hashes
+        self._drafts: dict[int, int] = {}  # request id -> blocks of its draft tail (this step)
 
     # -- queries -------------------------------------------------------------------------------
     def blocks_of(self, req: Request) -> Sequence[int]:
@@ -108,6 +116,36 @@ class KVCacheManager:
             tables[r.request_id].append(b)
         return True
 
+    def allocate_drafts(self, req: Request, num_blocks: int) -> bool:
+        """Append ``num_blocks`` fresh blocks for ``req``'s draft tokens this step (its draft
+        tail, returned by ``trim``), or change nothing. ``req`` holds no draft tail yet."""
+        assert req.request_id not in self._drafts, "a draft tail is already allocated"
+        if not self.allocate(req, num_blocks):
+            return False
+        if num_blocks:
+            self._drafts[req.request_id] = num_blocks
+        return True
+
+    def trim(self, req: Request) -> int:
+        """After a verification: free ``req``'s blocks beyond its ``num_computed_tokens`` (the
+        rejected drafts'); returns how many. They never were hashed (``register_computed``
+        reads accepted tokens only) nor shared."""
+        rid = req.request_id
+        self._drafts.pop(rid, None)
+        table = self._tables[rid]
+        keep = -(-req.num_computed_tokens // self.block_size)
+        extra = len(table) - keep
+        if extra <= 0:
+            return 0
+        self.pool.release_drafts(table[keep:])
+        del table[keep:]
+        return extra
+
+    @property
+    def num_draft_tails(self) -> int:
+        """Requests holding a draft tail (between a plan and its update)."""
+        return len(self._drafts)
+
     def register_computed(self, req: Request) -> None:
         """Publish ``req``'s prompt blocks that are now fully computed."""
         if not self.enable_prefix_caching or req.prompt_token_ids is None:
@@ -126,6 +164,7 @@ class KVCacheManager:
         rid = req.request_id
         table = self._tables.pop(rid, None)
         self._registered.pop(rid, None)
+        self._drafts.pop(rid, None)
         if not keep_hashes:
             self._hashes.pop(rid, None)
         if table is None:
@@ -143,6 +182,13 @@ class KVCacheManager:
                 refs[b] = refs.get(b, 0) + 1
         pool_refs = {b: r for b, r in enumerate(self.pool._ref) if r}
         assert pool_refs == refs, "block ref counts differ from the tables holding them"
+        pool = self.pool
+        for rid, n in self._drafts.items():
+            tail = self._tables.get(rid)
+            assert tail is not None and 0 < n <= len(tail), f"draft tail of {rid} not held"
+            for b in tail[-n:]:
+                assert pool.ref_count(b) == 1, f"draft block {b} of {rid} is shared"
+                assert pool.hash_of(b) is None, f"draft block {b} of {rid} is hashed"
 
 
 class KVView:

@@ -7,6 +7,7 @@ when the plan was made) and never touch scheduler state.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from horizon.request import Request
@@ -33,6 +34,14 @@ class StepPlan:
         token_budget: the step's token budget.
         num_refreshed: running requests whose estimates the policy refreshed while making this
             plan (0 on steps without a refresh): host work a step's measured time includes.
+        verifies: ``(request, k)`` for decoding requests that speculate (``k >= 1`` draft
+            tokens, ``horizon.speculation``): the step computes ``k + 1`` query tokens for each
+            (its last token and the drafts) over its ``num_computed_tokens`` of context, and it
+            emits ``1..k+1`` tokens (``StepResult.accepted``). Their blocks for all ``k + 1``
+            are allocated; ``update`` trims what the rejected drafts used. Disjoint from
+            ``decodes``; empty without speculation. Their shape: ``num_verify_tokens``,
+            ``verify_context_tokens``, ``verify_attention_pairs`` (properties, computed from
+            the requests' pre-update counters: read them before ``update``).
     """
 
     step: int
@@ -50,6 +59,7 @@ class StepPlan:
     kv_used_blocks: int = 0
     token_budget: int = 0
     num_refreshed: int = 0
+    verifies: tuple[tuple[Request, int], ...] = ()
 
     @property
     def num_decode_tokens(self) -> int:
@@ -57,11 +67,30 @@ class StepPlan:
 
     @property
     def num_tokens(self) -> int:
-        return self.num_decode_tokens + self.num_prefill_tokens
+        return self.num_decode_tokens + self.num_prefill_tokens + self.num_verify_tokens
 
     @property
     def is_empty(self) -> bool:
-        return not self.decodes and not self.prefills
+        return not self.decodes and not self.prefills and not self.verifies
+
+    @property
+    def num_verify_tokens(self) -> int:
+        """Sum over verifies of ``k + 1`` (query tokens)."""
+        return sum(k for _, k in self.verifies) + len(self.verifies)
+
+    @property
+    def verify_context_tokens(self) -> int:
+        """Sum over verifies of the KV length at the step's end (context + ``k + 1``), as
+        ``prefill_context_tokens`` is for chunks."""
+        return sum(r.num_computed_tokens + k + 1 for r, k in self.verifies)
+
+    @property
+    def verify_attention_pairs(self) -> int:
+        """Sum over verifies of query-key pairs attended (causal), as
+        ``prefill_attention_pairs`` is for chunks."""
+        return sum(
+            (k + 1) * r.num_computed_tokens + (k + 1) * (k + 2) // 2 for r, k in self.verifies
+        )
 
 
 # What a step costs depends on: the fields a cost model reads and a calibration file records,
@@ -99,8 +128,12 @@ class StepResult:
         finished: requests that stopped at this step (their stopping rule: true length, EOS,
             or ``max_output_tokens``); each emitted its last token in this step.
         token_ids: request id -> token emitted this step (the engine); empty in the simulator.
+        accepted: draft tokens accepted for each of the plan's ``verifies``, in its order
+            (``0..k`` each; the request emits that many plus one, fewer only if it finished
+            with them). Empty when the plan verifies nothing.
     """
 
     duration: float
     finished: tuple[Request, ...] = ()
     token_ids: dict[int, int] = field(default_factory=dict)
+    accepted: Sequence[int] = ()

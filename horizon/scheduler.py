@@ -13,6 +13,20 @@ Two step modes give identical records (a test compares them byte for byte):
   counters are *anchored* to the step clock (see ``Request``), their next block boundary sits in
   a calendar keyed by step, the decode set's tuple and its total context are kept incrementally.
   A step then costs O(events), not O(running requests).
+
+Speculative decoding (``SchedulerConfig.speculation``; off by default, and then none of what
+follows runs). Each step, before decodes grow, the speculation policy
+(``horizon.speculation``) says how many draft tokens ``k`` each decoding request proposes;
+``k`` is capped by the request's output limit and by the token budget (each speculating
+request costs ``k + 1`` tokens, before any prefill chunk). A speculating request gets the block
+of its next token as any decode does (preempting if the pool is dry) and then blocks for its
+drafts from free, unreserved blocks only (its ``k`` shrinks to what fits; at 0 it decodes
+plainly): speculation never preempts. It is planned as a *verify* ``(request, k)``; the
+backend reports how many drafts were accepted, ``update`` advances the request by that plus
+one token and trims the blocks the rejected drafts used (``KVCacheManager.trim``). In event
+mode a speculating request leaves the anchored decode set (its counters settle and advance
+explicitly) and returns to it at the first step it does not speculate, so steps without
+speculation stay O(events).
 """
 
 from __future__ import annotations
@@ -20,11 +34,13 @@ from __future__ import annotations
 import heapq
 from collections import deque
 from collections.abc import Sequence
+from dataclasses import replace
 
 from horizon.block_pool import BlockPool
 from horizon.kv_cache import KVCacheManager, KVView, ReservationLedger
 from horizon.plan import StepPlan, StepResult
 from horizon.policies.base import Policy
+from horizon.policies.speculation import make_speculation_policy
 from horizon.recorder import Recorder
 from horizon.request import Request, RequestStatus, StepClock
 from horizon.scheduler_config import SchedulerConfig
@@ -111,6 +127,16 @@ class Scheduler:
         self._aborting: set[int] = set()
         self._aborted: list[Request] = []
         self.num_aborted = 0
+        # speculation (see the module docstring): the policy, or None when off; in event mode
+        # the decoding requests that verified drafts at their latest step (counters settled);
+        # this step's drafts (request id -> k); totals of drafts proposed and accepted
+        spec = config.speculation
+        self.speculation = None if spec is None else make_speculation_policy(spec)
+        self._speculating: dict[int, Request] = {}
+        self._step_drafts: dict[int, int] = {}
+        self.num_drafted = 0
+        self.num_accepted = 0
+        self._verify_context = 0  # the latest update's verifies' contexts, for its record
 
     # -- arrivals --------------------------------------------------------------------------------
     def add(self, req: Request) -> None:
@@ -166,10 +192,15 @@ class Scheduler:
         if every and t % every == 0 and self.running:
             refreshed = len(self.running)
             self._refresh(now)
+        drafts = self._choose_drafts() if self.speculation is not None else None
         self._grow_decodes(t, preempted)
         budget = self.config.max_num_batched_tokens - (
             len(self._decoding) if self._event else self._count_decodes()
         )
+        verifies: list[tuple[Request, int]] | tuple[()] = ()
+        if drafts:
+            verifies = []
+            budget = self._plan_verifies(drafts, budget, verifies, preempted)
         prefills: list[tuple[Request, int]] = []
         if self._prefilling:
             budget = self._schedule_prefills(budget, prefills, preempted)
@@ -179,7 +210,12 @@ class Scheduler:
             self._admit(now, budget, prefills)
         if preempted:  # a victim may have been given a chunk earlier in this step
             prefills = [(r, n) for r, n in prefills if r.status is RequestStatus.RUNNING]
+            if verifies:
+                verifies = [(r, k) for r, k in verifies if r.status is RequestStatus.RUNNING]
         decodes = self._decodes()
+        if verifies and not self._event:
+            verifying = {r.request_id for r, _ in verifies}
+            decodes = tuple(r for r in decodes if r.request_id not in verifying)
         rejected, self._rejected = tuple(self._rejected), []
         chunk_tokens = pairs = context = 0
         for r, n in prefills:
@@ -187,7 +223,7 @@ class Scheduler:
             chunk_tokens += n
             pairs += n * c + n * (n + 1) // 2
             context += c + n
-        return StepPlan(
+        plan = StepPlan(
             step=t,
             time=now,
             decodes=decodes,
@@ -204,6 +240,7 @@ class Scheduler:
             token_budget=self.config.max_num_batched_tokens,
             num_refreshed=refreshed,
         )
+        return replace(plan, verifies=tuple(verifies)) if verifies else plan
 
     def _refresh(self, now: float) -> None:
         """Let the policy revise its estimates, then re-read running requests' reservations."""
@@ -241,8 +278,11 @@ class Scheduler:
         """Give each decode whose next token starts a new block that block, in admission order
         (the order only matters when the pool runs dry, so event mode sorts only then)."""
         if not self._event:
+            spec = self._step_drafts  # speculating requests grow in _plan_verifies
             for r in [
-                r for r in self.running.values() if r.is_decode and self.kv.num_blocks_needed(r, 1)
+                r
+                for r in self.running.values()
+                if r.is_decode and r.request_id not in spec and self.kv.num_blocks_needed(r, 1)
             ]:
                 if r.status is RequestStatus.RUNNING:  # else preempted earlier in this loop
                     self._allocate(r, 1, preempted)
@@ -346,16 +386,149 @@ class Scheduler:
     def _remove_running(self, r: Request) -> None:
         rid = r.request_id
         if rid in self._decoding:
-            drift = r.num_computed_tokens - self.clock.step
-            self._ctx_base -= drift
-            del self._decoding[rid]
-            del self._residue[drift % self._bs][rid]
-            self._decode_tuple = None
-            r.settle()
+            self._unanchor(r)
+        elif self._speculating:
+            self._speculating.pop(rid, None)
         del self.running[rid]
         self._prefilling.pop(rid, None)
         self.ledger.drop(rid)
         self.kv.free(r, keep_hashes=True)
+
+    def _unanchor(self, r: Request) -> None:
+        """Event mode: take a decoding request out of the anchored set, its counters settled."""
+        rid = r.request_id
+        drift = r.num_computed_tokens - self.clock.step
+        self._ctx_base -= drift
+        del self._decoding[rid]
+        del self._residue[drift % self._bs][rid]
+        self._decode_tuple = None
+        r.settle()
+
+    # -- speculation -----------------------------------------------------------------------------
+    def _choose_drafts(self) -> dict[int, int]:
+        """This step's drafts, request id -> k >= 1, from the speculation policy, capped by
+        each request's output limit and the token budget; in event mode, moves requests into
+        and out of the anchored decode set to match."""
+        if self._event:
+            cands = self._decodes()
+            if self._speculating:
+                cands = cands + tuple(self._speculating.values())
+        else:
+            cands = tuple(r for r in self.running.values() if r.is_decode)
+        drafts: dict[int, int] = {}
+        if cands:
+            assert self.speculation is not None
+            ks = self.speculation.draft_tokens(cands, self.view)
+            n = len(cands)
+            avail = self.config.max_num_batched_tokens - n  # tokens left for drafts
+            if isinstance(ks, int):
+                ks = (ks,) * n
+            elif len(ks) != n:
+                raise RuntimeError(
+                    f"{type(self.speculation).__name__}.draft_tokens returned {len(ks)} counts "
+                    f"for {n} decoding requests"
+                )
+            # over the budget, every request's drafts are capped alike
+            room = avail if sum(k for k in ks if k > 0) <= avail else avail // n
+            for r, k in zip(cands, ks):
+                k = min(k, room, r.max_output_tokens - r.num_output_tokens - 1)
+                if k > 0:
+                    drafts[r.request_id] = k
+        if self._event:
+            self._match_speculating(drafts)
+        self._step_drafts = drafts
+        return drafts
+
+    def _match_speculating(self, drafts: dict[int, int]) -> None:
+        """Event mode: requests with drafts leave the anchored set, the others rejoin it."""
+        spec = self._speculating
+        for rid in [rid for rid in spec if rid not in drafts]:
+            self._enter_decode(spec.pop(rid))
+        rec, t = self.recorder, self.clock.step
+        for rid in drafts:
+            if rid not in spec:
+                r = self._decoding[rid]
+                rec.close_run(r, t - 1)  # it emitted at every step through the last
+                self._unanchor(r)
+                spec[rid] = r
+
+    def _plan_verifies(
+        self,
+        drafts: dict[int, int],
+        budget: int,
+        verifies: list[tuple[Request, int]],
+        preempted: list[Request],
+    ) -> int:
+        """Blocks for the speculating requests' next tokens (preempting, as decodes do) and
+        for their drafts (free unreserved blocks only, shrinking ``k``); fills ``verifies``
+        and returns the budget left. Admission order when the pool is short."""
+        kv, pool, ledger, bs = self.kv, self.pool, self.ledger, self._bs
+        if self._event:
+            budget -= len(self._speculating)
+            reqs = list(self._speculating.values())
+        else:
+            reqs = [r for r in self.running.values() if r.request_id in drafts]
+        total = sum(kv.num_blocks_needed(r, drafts[r.request_id] + 1) for r in reqs)
+        if total > pool.num_free - ledger.outstanding:
+            reqs.sort(key=_admit_order)
+            for r in reqs:
+                need = kv.num_blocks_needed(r, 1)
+                if need and r.status is RequestStatus.RUNNING:
+                    self._allocate(r, need, preempted)
+        else:
+            for r in reqs:
+                need = kv.num_blocks_needed(r, 1)
+                if need:
+                    kv.allocate(r, need)
+                    ledger.grew(r.request_id, need)
+        for r in reqs:
+            if r.status is not RequestStatus.RUNNING:
+                continue  # preempted above
+            c, held = r.num_computed_tokens, len(kv.blocks_of(r))
+            spare = max(0, pool.num_free - ledger.outstanding)
+            k = min(drafts[r.request_id], (held + spare) * bs - c - 1)
+            if k <= 0:  # no block for a draft: a plain decode this step
+                if self._event:
+                    del self._speculating[r.request_id]
+                    self._enter_decode(r)
+                continue
+            n = -(-(c + k + 1) // bs) - held
+            ok = kv.allocate_drafts(r, n)
+            assert ok, "draft blocks were counted free"
+            if n:
+                ledger.grew(r.request_id, n)
+            verifies.append((r, k))
+            budget -= k
+        return budget
+
+    def _verified(self, plan: StepPlan, result: StepResult, t: int) -> None:
+        """Account the plan's verifications: each request advances by its accepted drafts
+        plus one token, emitted at step ``t``; rejected drafts' blocks are trimmed."""
+        acc = result.accepted
+        if len(acc) != len(plan.verifies):
+            raise RuntimeError(
+                f"StepResult.accepted has {len(acc)} counts for {len(plan.verifies)} verifications"
+            )
+        rec, kv, ledger = self.recorder, self.kv, self.ledger
+        emitted = drafted = context = 0
+        for (r, k), a in zip(plan.verifies, acc):
+            context += r.num_computed_tokens
+            a = int(a)
+            assert 0 <= a <= k, f"request {r.request_id}: {a} of {k} drafts accepted"
+            for _ in range(a + 1):
+                r.advance(1)
+                rec.decode(r, t)
+            emitted += a + 1
+            drafted += k
+            trimmed = kv.trim(r)
+            if trimmed:
+                ledger.grew(r.request_id, -trimmed)
+        self._verify_context = context  # recorded with the step
+        self.tokens_emitted += emitted
+        self.num_drafted += drafted
+        self.num_accepted += emitted - len(plan.verifies)
+        assert self.speculation is not None
+        self.speculation.observe(plan.verifies, acc)
 
     # -- update ----------------------------------------------------------------------------------
     def update(self, plan: StepPlan, result: StepResult, now: float) -> None:
@@ -363,6 +536,7 @@ class Scheduler:
         t = plan.step
         assert t == self.clock.step == self._last_plan_step, "update() out of order"
         rec = self.recorder
+        verifies = plan.verifies
         entered: list[Request] = []
         for r, n in plan.prefills:
             rec.compute(r, r.num_computed_tokens, n)
@@ -375,6 +549,8 @@ class Scheduler:
                 self._hand_off(r, now)
         self.queued_prefill_tokens -= plan.num_prefill_tokens
         self.tokens_emitted += len(plan.decodes) + len(entered)
+        if verifies:
+            self._verified(plan, result, t)
         if not self._event:
             for r in plan.decodes:
                 r.advance(1)
@@ -400,13 +576,16 @@ class Scheduler:
             plan.time,
             now,
             plan.num_prefill_tokens,
-            len(plan.decodes),
+            # a verifying request is recorded as a decode over its context
+            len(plan.decodes) + len(verifies) if verifies else len(plan.decodes),
             len(self.running),
             len(self._waiting),
             self.pool.num_used,
             plan.token_budget,
             len(plan.prefills),
-            plan.decode_context_tokens,
+            plan.decode_context_tokens + self._verify_context
+            if verifies
+            else plan.decode_context_tokens,
             plan.prefill_context_tokens,
             plan.prefill_attention_pairs,
             plan.num_refreshed,
@@ -597,9 +776,13 @@ class Scheduler:
             )
             assert (rid in self._prefilling) == r.is_prefill
             if self._event:
-                assert (rid in self._decoding) == r.is_decode
+                assert (rid in self._decoding or rid in self._speculating) == r.is_decode
         assert set(self._prefilling) <= set(self.running)
         assert set(self._decoding) <= set(self.running)
+        assert set(self._speculating) <= set(self.running)
+        assert not set(self._speculating) & set(self._decoding), "speculating and anchored"
+        if self._last_plan_step < self.clock.step:  # no plan pending: every draft trimmed
+            assert not self.kv.num_draft_tails, "draft blocks left after an update"
         assert self._aborting <= set(self.running), "an abort pending for a request not running"
         for _, _, r in self._waiting:
             assert r.status is RequestStatus.WAITING and not self.kv.blocks_of(r)
@@ -617,3 +800,5 @@ class Scheduler:
                 r.num_computed_tokens for r in self._decoding.values()
             )
         self.policy.check_integrity()
+        if self.speculation is not None:
+            self.speculation.check_integrity()

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from horizon.speculation import SpeculationConfig
+
 
 @dataclass(frozen=True)
 class SchedulerConfig:
@@ -17,6 +19,9 @@ class SchedulerConfig:
         enable_prefix_caching: reuse cached full prompt blocks.
         step_mode: "event" touches a request only when something happens to it (fast);
             "reference" advances every running request every step (plain, for checking).
+        speculation: speculative decoding (``horizon.speculation``); None (default): off, and
+            every plan and record is what it was before speculation existed. A mapping (what
+            ``dataclasses.asdict`` wrote) is read as a ``SpeculationConfig``.
     """
 
     num_blocks: int
@@ -26,8 +31,16 @@ class SchedulerConfig:
     max_model_len: int = 32768
     enable_prefix_caching: bool = True
     step_mode: str = "event"
+    speculation: SpeculationConfig | None = None
 
     def __post_init__(self) -> None:
+        if isinstance(self.speculation, dict):
+            object.__setattr__(self, "speculation", SpeculationConfig(**self.speculation))
+        if self.speculation is not None and not isinstance(self.speculation, SpeculationConfig):
+            raise ValueError(
+                "SchedulerConfig.speculation must be None or a SpeculationConfig, got "
+                f"{self.speculation!r}"
+            )
         for name in (
             "num_blocks",
             "block_size",
