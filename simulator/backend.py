@@ -4,6 +4,9 @@ Its stopping rule is the trace's (``horizon.trace_stop``): a request stops when 
 ``true_output_tokens``. It implements ``horizon.serving_loop.Backend`` on a simulated clock:
 serially, a step's modelled duration passes on the clock; pipelined, a step starts when the
 one before it ends (or at once) and its end is known when it is submitted.
+
+Speculative decoding: a plan's verifies get their accepted drafts from the stated
+``acceptance`` model (``simulator.acceptance``), capped by the trace's stopping rule.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from typing import Any
 from horizon.plan import StepPlan, StepResult
 from horizon.serving_loop import Clock, InFlight
 from horizon.trace_stop import TraceStop
+from simulator.acceptance import AcceptanceModel
 from simulator.cost_model import CostModel
 from simulator.shared_device import SharedDevice
 
@@ -27,7 +31,10 @@ class SimBackend:
     ``device``: a GPU this replica shares with others (``simulator.shared_device``); a step's
     device work then waits until the device is free (or is stretched by the steps sharing
     it), and its duration includes that; the device is told the plan, the clock at submission
-    and which replica books (``id(self)``)."""
+    and which replica books (``id(self)``).
+
+    ``acceptance``: how many drafts a verification accepts (needed for plans that verify; a
+    plan with verifies and no model is a ValueError)."""
 
     advances_clock = True
 
@@ -38,6 +45,7 @@ class SimBackend:
         clock: Clock | None = None,
         pipelined: bool = False,
         device: SharedDevice | None = None,
+        acceptance: AcceptanceModel | None = None,
     ) -> None:
         if device is not None and clock is None:
             raise ValueError("SimBackend.device needs the clock")
@@ -46,11 +54,14 @@ class SimBackend:
         self.clock = clock
         self.pipelined = pipelined
         self._stop = TraceStop(event_mode)
+        self.acceptance = acceptance
         self._wake_delay = getattr(cost_model, "wake_delay", None)
         # pipelined: the latest non-empty step's end (a step starts at max(now, this))
         self._last_end: float | None = None
 
     def execute(self, plan: StepPlan) -> StepResult:
+        if plan.verifies:
+            return self._speculative(plan, serial=True)
         finished = self._stop.finished(plan)
         duration = self.cost_model.step_time(plan)
         if self.device is not None:
@@ -59,8 +70,22 @@ class SimBackend:
         return StepResult(duration=duration, finished=tuple(finished))
 
     def _price(self, plan: StepPlan) -> StepResult:
+        if plan.verifies:
+            return self._speculative(plan, serial=False)
         finished = self._stop.finished(plan)
         return StepResult(duration=self.cost_model.step_time(plan), finished=tuple(finished))
+
+    def _speculative(self, plan: StepPlan, serial: bool) -> StepResult:
+        """A plan that verifies drafts: accepted counts sampled, capped by the trace."""
+        if self.acceptance is None:
+            raise ValueError("SimBackend.acceptance: a plan verifies drafts but no model is set")
+        accepted = self._stop.cap(plan.verifies, self.acceptance.sample(plan.verifies).tolist())
+        finished = self._stop.finished(plan, accepted)
+        duration = self.cost_model.step_time(plan)
+        if serial and self.device is not None:
+            now = self.clock.now()  # type: ignore[union-attr]
+            duration = self.device.reserve(now, duration, plan, now, id(self)) - now
+        return StepResult(duration=duration, finished=tuple(finished), accepted=tuple(accepted))
 
     def host_delay(self, step: int, now: float, woke: bool) -> float:
         if self._wake_delay is None or not (woke or self.pipelined):

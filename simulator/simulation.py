@@ -40,8 +40,10 @@ from horizon.request import Request
 from horizon.scheduler import Scheduler
 from horizon.scheduler_config import SchedulerConfig
 from horizon.serving_loop import serve
+from simulator.acceptance import AcceptanceModel
 from simulator.backend import SimBackend
 from simulator.cost_model import CostModel
+from simulator.verification_cost import DraftCost, SpeculativeCostModel
 
 
 class Simulation:
@@ -57,6 +59,11 @@ class Simulation:
             module docstring); False: at their arrival instant.
         pipelined: plan each step while the previous one runs, as the pipelined engine does
             (see the module docstring).
+        acceptance: with speculation on (``config.speculation``), the stated acceptance model
+            that decides how many drafts each verification accepts (required then).
+        draft_cost: with speculation on, what drafting costs per step (default: model-free,
+            0); verification is priced by ``cost_model`` as prefill chunks
+            (``simulator.verification_cost``).
     """
 
     def __init__(
@@ -69,14 +76,27 @@ class Simulation:
         check_every: int = 0,
         arrivals_at_step_boundaries: bool = False,
         pipelined: bool = False,
+        acceptance: AcceptanceModel | None = None,
+        draft_cost: DraftCost | None = None,
     ) -> None:
+        if config.speculation is not None:
+            if acceptance is None:
+                raise ValueError(
+                    "Simulation.acceptance: SchedulerConfig.speculation is set, so an "
+                    "acceptance model is needed (simulator.acceptance.AcceptanceModel)"
+                )
+            cost_model = SpeculativeCostModel(cost_model, draft_cost)
         if max_time is not None and not (math.isfinite(max_time) and max_time > 0):
             raise ValueError(f"max_time must be a finite number > 0, got {max_time!r}")
         self.env = simpy.Environment()
         self.clock = SimClock(self.env)
         self.scheduler = Scheduler(config, policy)
         self.backend = SimBackend(
-            cost_model, config.step_mode == "event", self.clock, pipelined=pipelined
+            cost_model,
+            config.step_mode == "event",
+            self.clock,
+            pipelined=pipelined,
+            acceptance=acceptance,
         )
         self.max_time = max_time
         self.arrivals = SimArrivals(self.env, requests, max_time, arrivals_at_step_boundaries)
@@ -87,9 +107,7 @@ class Simulation:
         env = self.env
         env.process(self.arrivals.process(self.scheduler))
         end = math.inf if self.max_time is None else self.max_time
-        loop = serve(
-            self.scheduler, self.backend, self.arrivals, self.clock, end, self.check_every
-        )
+        loop = serve(self.scheduler, self.backend, self.arrivals, self.clock, end, self.check_every)
         engine = env.process(self._engine(loop))
         # The run and its records allocate millions of short-lived objects and no garbage
         # cycles of their own; the cyclic collector would only rescan the caller's heap (a
