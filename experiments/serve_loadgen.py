@@ -51,15 +51,23 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m experiments.serve_loadgen")
     sub = p.add_subparsers(dest="cmd", required=True)
     sub.add_parser("prepare")
-    sub.add_parser("tabulate").add_argument("dir", help="what run_serve.sh a brought back")
-    sub.add_parser("compare")
+    tab = sub.add_parser("tabulate")
+    tab.add_argument("dir", help="what run_serve.sh a (or c) brought back")
+    tab.add_argument("--no-prefix-caching", action="store_true", help="the server ran so")
+    tab.add_argument("--engine", default="process", choices=("process", "thread"))
+    cmp = sub.add_parser("compare")
+    for q in (tab, cmp):
+        q.add_argument("--out", default="results/serve_loadgen", help="the compact tables")
     args = p.parse_args(argv)
     if args.cmd == "prepare":
         print(prepare())
         return
     from experiments.serve_loadgen_compare import compare, tabulate
 
-    tabulate(Path(args.dir)) if args.cmd == "tabulate" else compare()
+    if args.cmd == "tabulate":
+        tabulate(Path(args.dir), Path(args.out), not args.no_prefix_caching, args.engine)
+    else:
+        compare(Path(args.out))
 
 
 if __name__ == "__main__":

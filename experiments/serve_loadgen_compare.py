@@ -14,9 +14,10 @@ and the simulator also give goodput with *every* gap <= 50 ms (the project's def
 
 The simulator replays the server's arrivals, prompt lengths, output lengths and prompt ids
 (the data file tokenized as the server did: Qwen's BPE, ChatML) in one run, as the server
-served the three rates one after the other on one KV pool (later rates hit the prefix cache
-of the earlier ones' identical prompts), with the 7B shape's engine-fitted cost model, fcfs
-and the serial loop the server runs.
+served the rates one after the other on one KV pool (with prefix caching on, later rates hit
+the cache of the earlier ones' identical prompts; ``tabulate(..., prefix_caching=False)``
+states a server that ran with it off, and the replay turns it off too), with the 7B shape's
+engine-fitted cost model, fcfs and the serial loop the server runs.
 """
 
 from __future__ import annotations
@@ -100,14 +101,15 @@ def records_side(r: dict[str, np.ndarray], select: np.ndarray) -> dict:
     return out
 
 
-def prompt_ids(r: dict[str, np.ndarray]) -> list[tuple[int, ...]]:
-    """Each served request's prompt ids: the data file's prompts in order, chat-templated
-    and tokenized as the server does; checked against the records' prompt lengths."""
+def prompt_ids(r: dict[str, np.ndarray], num_runs: int) -> list[tuple[int, ...]]:
+    """Each served request's prompt ids: the data file's prompts in order (from its start
+    again in each of ``num_runs`` runs), chat-templated and tokenized as the server does;
+    checked against the records' prompt lengths."""
     from executor.serve.qwen_text import QwenText
 
     tok = QwenText()
     lines = [json.loads(x) for x in DATA.read_text().splitlines()]
-    n_per_run = len(r["arrival"]) // 3
+    n_per_run = len(r["arrival"]) // num_runs
     order = np.argsort(r["arrival"], kind="stable")
     ids: list[tuple[int, ...] | None] = [None] * len(order)
     for k, i in enumerate(order):
@@ -119,29 +121,37 @@ def prompt_ids(r: dict[str, np.ndarray]) -> list[tuple[int, ...]]:
     return ids
 
 
-def simulate(r: dict[str, np.ndarray], num_blocks: int, block_size: int) -> RunRecords:
+def simulate(
+    r: dict[str, np.ndarray], num_blocks: int, block_size: int, num_runs: int, caching: bool
+) -> RunRecords:
     """The simulator on the server's requests (see the module docstring)."""
     from horizon.policies import make_policy
     from horizon.scheduler_config import SchedulerConfig
     from simulator.engine_cost_model import EngineCostModel
     from simulator.simulation import Simulation
 
-    ids = prompt_ids(r)
+    n = len(r["arrival"])  # without a cache the ids do not matter (and a load generator's
+    ids = prompt_ids(r, num_runs) if caching else [None] * n  # workers may reorder arrivals)
     reqs = [
         Request(i, float(r["arrival"][i]), int(r["prompt_tokens"][i]),
                 int(r["max_output_tokens"][i]), int(r["output_tokens"][i]),
                 prompt_token_ids=ids[i])
-        for i in range(len(ids))
+        for i in range(n)
     ]  # fmt: skip
-    cfg = SchedulerConfig(num_blocks=num_blocks, block_size=block_size)
+    cfg = SchedulerConfig(
+        num_blocks=num_blocks, block_size=block_size, enable_prefix_caching=caching
+    )
     cost = EngineCostModel.from_file(CALIBRATION)
     sim = Simulation(reqs, cfg, make_policy("fcfs"), cost, arrivals_at_step_boundaries=True,
                      pipelined=False)  # fmt: skip
     return sim.run()
 
 
-def tabulate(run_dir: Path, out: Path = OUT) -> None:
-    """The compact tables of a run directory (see the module docstring)."""
+def tabulate(
+    run_dir: Path, out: Path = OUT, prefix_caching: bool = True, engine: str = "process"
+) -> None:
+    """The compact tables of a run directory (see the module docstring); ``prefix_caching``
+    and ``engine`` (process or thread) state how the server ran."""
     rec = RunRecords.load_npz(str(run_dir / "records.npz"))
     zero = json.loads((run_dir / "records.json").read_text())["clock_zero_unix_s"]
     paths = sorted(run_dir.glob("guidellm_rate*.json"), key=lambda p: float(p.stem[13:]))
@@ -150,6 +160,7 @@ def tabulate(run_dir: Path, out: Path = OUT) -> None:
     np.savez_compressed(out / "requests.npz", **per_request(rec),
                         num_kv_blocks=rec.num_kv_blocks, block_size=rec.block_size)  # fmt: skip
     g = {"clock_zero_unix_s": zero, "guidellm_version": docs[0]["metadata"]["guidellm_version"],
+         "server": {"prefix_caching": prefix_caching, "engine": engine},
          "benchmarks": [guidellm_rows(d["benchmarks"][0]) for d in docs]}  # fmt: skip
     (out / "guidellm.json").write_text(json.dumps(g, separators=(",", ":")) + "\n")
 
@@ -159,7 +170,8 @@ def compare(out: Path = OUT) -> dict:
     server = {k: z[k] for k in z.files if k not in ("num_kv_blocks", "block_size")}
     g = json.loads((out / "guidellm.json").read_text())
     nb, bs = int(z["num_kv_blocks"]), int(z["block_size"])
-    sim = per_request(simulate(server, nb, bs))
+    caching = g["server"]["prefix_caching"]
+    sim = per_request(simulate(server, nb, bs, len(g["benchmarks"]), caching))
     rows = []
     for b in g["benchmarks"]:
         t0, t1 = b["start"] - g["clock_zero_unix_s"], b["end"] - g["clock_zero_unix_s"]
@@ -168,19 +180,25 @@ def compare(out: Path = OUT) -> dict:
         rows.append({"rate": b["rate"], "client": client_side(b),
                      "server": records_side(server, sel), "sim": records_side(sim, sel),
                      "cached_share": float(cached)})  # fmt: skip
-    result = {"conditions": _conditions(nb, g["guidellm_version"]), "rows": rows}
+    result = {"conditions": _conditions(nb, g), "rows": rows}
     (out / "loadgen.json").write_text(json.dumps(result, indent=1) + "\n")
     (out / "table.md").write_text(table(result))
     print(table(result))
     return result
 
 
-def _conditions(num_blocks: int, version: str) -> dict:
+def _conditions(num_blocks: int, g: dict) -> dict:
+    server, bench = g["server"], g["benchmarks"][0]
+    per_rate = len(bench["ttft"]) + bench["errored"] + bench["incomplete"]
+    engine = "its own process" if server["engine"] == "process" else "a thread of the server"
+    caching = "on" if server["prefix_caching"] else "off"
     return {
-        "engine": "executor.serve, qwen2.5-7b shape (seeded random weights), Qwen BPE, fcfs",
+        "engine": "executor.serve, qwen2.5-7b shape (seeded random weights), Qwen BPE, fcfs, "
+        f"the engine in {engine}, prefix caching {caching}",
         "num_blocks": num_blocks,
-        "load_generator": f"GuideLLM {version}, openai_http, /v1/chat/completions,"
-        " Poisson, seed 0, 250 requests per rate, ShareGPT first turns (output lengths forced)",
+        "load_generator": f"GuideLLM {g['guidellm_version']}, openai_http, /v1/chat/completions,"
+        f" Poisson, seed 0, {per_rate} requests per rate, ShareGPT first turns (output lengths"
+        " forced)",
         "slo": {"ttft_s": SLO_7B.ttft, "itl_s": SLO_7B.itl},
         "simulator": f"engine-fitted cost model ({CALIBRATION}), serial loop, the same arrivals",
     }

@@ -342,3 +342,19 @@ def test_an_engine_failure_is_answered_and_reported(model):
         http.stop()
         server.live.close()
     assert isinstance(server.live.error, RuntimeError)
+
+
+def test_records_take_the_servers_receipt_as_arrival(model):
+    """A request received while the engine is held for 0.4 s: its records' arrival is the
+    receipt, so its TTFT counts the wait for the engine's next step boundary."""
+    with served(model) as (s, http):
+        stall(s, 0.4)
+        time.sleep(0.05)  # the engine thread is held
+        sent = time.perf_counter()
+        r = httpx.post(http.url + "/v1/completions", json={"prompt": "late", "max_tokens": 2})
+        assert r.status_code == 200
+        settle(s)
+    rec = s.live.records()
+    arrival = rec.arrival_time[0] + s.live.clock_start
+    assert sent <= arrival < sent + 0.2  # received at once, not at the boundary 0.35 s later
+    assert rec.tokens_of(0)[0] - rec.arrival_time[0] >= 0.3

@@ -105,16 +105,18 @@ class Api:
         return await self._generate(request, chat=True)
 
     async def _generate(self, request: Request, chat: bool) -> Response:
-        """Check the body, submit the request, answer streamed or whole."""
+        """Check the body, submit the request, answer streamed or whole. Its arrival (the
+        records' and the metrics') is when its body has been read: tokenizing it and waiting
+        for the engine's next step boundary count in its TTFT."""
         body = parse_json(await request.body())
+        arrival = time.perf_counter()
         req = parse_chat(body) if chat else parse_completion(body)
         if req.model is not None:
             _check_model(req.model, self.model_name)
         ids = prompt_ids(req, self.tokenizer, self.vocab_size)
         live = self.live
         params = generation_params(req, len(ids), live)
-        arrival = time.perf_counter()
-        rid = _submit(live, ids, params)
+        rid = _submit(live, ids, params, arrival)
         stream = self.hub.open(rid, len(ids), arrival)
         fmt = ResponseFormat(chat, self.model_name, req.include_usage)
 
@@ -147,9 +149,9 @@ def _check_model(name: str, served: str) -> None:
         )
 
 
-def _submit(live: EngineHandle, ids: list[int], params: Any) -> int:
+def _submit(live: EngineHandle, ids: list[int], params: Any, arrival: float) -> int:
     try:
-        return live.submit(ids, params)
+        return live.submit(ids, params, arrival=arrival)
     except QueueFull as e:
         raise ApiError(
             f"Too many requests waiting ({e}); retry later.",

@@ -8,7 +8,7 @@ Messages (tuples, pickled by ``multiprocessing.connection``):
 
 server to engine (``commands``)::
 
-    ("submit", request_id, prompt_ids, GenerationParams)
+    ("submit", request_id, prompt_ids, GenerationParams, arrival)
     ("abort", request_id)
     ("call", token, name)              name: "warmup", "check_integrity" or "wait_idle"
     ("close",)
@@ -159,9 +159,9 @@ class _Child:
     def _dispatch(self, message: tuple[Any, ...]) -> None:
         kind = message[0]
         if kind == "submit":
-            _, rid, prompt_ids, params = message
+            _, rid, prompt_ids, params, arrival = message
             self.num_received += 1
-            self._submit(rid, prompt_ids, params)
+            self._submit(rid, prompt_ids, params, arrival)
         elif kind == "abort":
             self.live.abort(message[1])
         elif kind == "call":
@@ -176,9 +176,11 @@ class _Child:
         else:
             raise ValueError(f"unknown command {kind!r}")
 
-    def _submit(self, rid: int, prompt_ids: tuple[int, ...], params: GenerationParams) -> None:
+    def _submit(
+        self, rid: int, prompt_ids: tuple[int, ...], params: GenerationParams, arrival: float
+    ) -> None:
         try:
-            self.live.submit(prompt_ids, params, request_id=rid)
+            self.live.submit(prompt_ids, params, request_id=rid, arrival=arrival)
         except Exception as e:  # the engine is down: the request ends at once
             event = Event(rid, "", (), 0, "error", time.perf_counter(), str(e))
             self.outbox.send(("events", pack_events([event])))

@@ -157,9 +157,14 @@ class EngineProcess:
         return never_fits_reason(probe, cfg.block_size, self.num_blocks, cfg.max_model_len)
 
     def submit(
-        self, prompt_ids: Sequence[int], params: GenerationParams, request_id: int | None = None
+        self,
+        prompt_ids: Sequence[int],
+        params: GenerationParams,
+        request_id: int | None = None,
+        arrival: float | None = None,
     ) -> int:
-        """Send a request; its id (assigned here unless given)."""
+        """Send a request; its id (assigned here unless given). ``arrival`` as
+        ``LiveEngine.submit`` (``perf_counter`` is one clock for the machine's processes)."""
         if not self.alive:
             raise EngineUnavailable(self._why_down())
         if self.num_waiting >= self.max_waiting:
@@ -167,7 +172,7 @@ class EngineProcess:
         with self._lock:
             rid = next(self._ids) if request_id is None else request_id
             self._num_sent += 1
-            self._commands.send(("submit", rid, tuple(prompt_ids), params))
+            self._commands.send(("submit", rid, tuple(prompt_ids), params, arrival))
         return rid
 
     def abort(self, request_id: int) -> None:

@@ -23,10 +23,12 @@ from horizon.scheduler import Scheduler
 
 @dataclass(frozen=True, slots=True)
 class Submission:
-    """A request as posted: its generation (id and parameters) and prompt ids."""
+    """A request as posted: its generation (id and parameters), prompt ids, and when the
+    server received it (``time.perf_counter()``; None: when the engine takes it in)."""
 
     generation: Generation
     prompt_ids: tuple[int, ...]
+    arrival: float | None = None
 
 
 class Inbox:
@@ -42,8 +44,10 @@ class Inbox:
         backend: StreamBackend,
         idle_poll_s: float = 1.0,
         on_boundary: Callable[[], None] | None = None,
+        clock_start: float = 0.0,
     ) -> None:
         self._backend = backend
+        self._clock_start = clock_start  # perf_counter() at the scheduler's time zero
         self._on_boundary = on_boundary
         self._idle_poll = idle_poll_s
         self._cond = threading.Condition()
@@ -135,9 +139,8 @@ class Inbox:
     def _add(self, sched: Scheduler, s: Submission, now: float) -> None:
         gen, p = s.generation, s.generation.params
         n = len(s.prompt_ids)
-        r = Request(
-            gen.request_id, now, n, p.max_tokens, p.max_tokens, prompt_token_ids=s.prompt_ids
-        )
+        t = now if s.arrival is None else min(now, s.arrival - self._clock_start)
+        r = Request(gen.request_id, t, n, p.max_tokens, p.max_tokens, prompt_token_ids=s.prompt_ids)
         self._backend.add(gen)
         sched.add(r)
         if r.status is RequestStatus.REJECTED:  # the server checks first: a misconfiguration

@@ -96,7 +96,9 @@ class LiveEngine:
         self.sched = Scheduler(e.config.scheduler_config(e.num_blocks), policy)
         self.clock = WallClock()
         self.backend = StreamBackend(e.runner, self.sched, self.clock, publish or _drop)
-        self.inbox = Inbox(self.backend, idle_poll_s, on_boundary=self._publish_stats)
+        self.inbox = Inbox(
+            self.backend, idle_poll_s, self._publish_stats, clock_start=self.clock.start
+        )
         self.stats = Stats(num_blocks=e.num_blocks)
         self._on_stats = on_stats
         self.error: BaseException | None = None
@@ -148,10 +150,16 @@ class LiveEngine:
         return self.sched.never_fits(probe)
 
     def submit(
-        self, prompt_ids: Sequence[int], params: GenerationParams, request_id: int | None = None
+        self,
+        prompt_ids: Sequence[int],
+        params: GenerationParams,
+        request_id: int | None = None,
+        arrival: float | None = None,
     ) -> int:
         """Queue a request; returns its id (its events carry it): ``request_id`` if given
         (the caller keeps ids unique: an engine process takes its server's), else the next.
+        ``arrival``: when the server received it (``time.perf_counter()``), the records'
+        arrival (None: when the engine takes it in at its next step boundary).
 
         Raises:
             QueueFull: ``max_waiting`` requests wait already.
@@ -168,7 +176,7 @@ class LiveEngine:
         eos = self.tokenizer.eos_token_ids
         gen = Generation(rid, params, len(prompt_ids), eos, detok)
         try:
-            self.inbox.put(Submission(gen, tuple(prompt_ids)))
+            self.inbox.put(Submission(gen, tuple(prompt_ids), arrival))
         except RuntimeError as e:
             raise EngineUnavailable(str(e)) from None
         return rid

@@ -82,7 +82,11 @@ class EngineHandle(Protocol):
     def never_fits(self, num_prompt_tokens: int, max_tokens: int) -> str:
         """Why such a request could never run ("" if it could)."""
 
-    def submit(self, prompt_ids: Sequence[int], params: GenerationParams) -> int: ...
+    def submit(
+        self, prompt_ids: Sequence[int], params: GenerationParams, arrival: float | None = None
+    ) -> int:
+        """Queue a request; its id. ``arrival``: when the server received it
+        (``time.perf_counter()``), which the records take as its arrival."""
 
     def abort(self, request_id: int) -> None: ...
 
