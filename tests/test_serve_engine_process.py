@@ -6,6 +6,7 @@ errors a user can cause (a policy the process cannot build, a closed engine)."""
 from __future__ import annotations
 
 import asyncio
+import json
 
 import httpx
 import openai
@@ -114,3 +115,18 @@ def test_close_returns_the_records_and_refuses_new_requests():
 def test_a_policy_the_process_cannot_build_is_reported():
     with pytest.raises(RuntimeError, match="no_such_module"):
         start_process_server(spec(policy="no_such_module:Policy"), MODEL)
+
+
+def test_a_short_soak_ends_with_every_block_free(served, tmp_path):
+    """``executor.serve.soak`` for 2 s: 4 streams, a third of them dropped mid-stream; the
+    server's gauges are zero afterwards (its exit status says so)."""
+    from executor.serve import soak
+
+    out = tmp_path / "soak.json"
+    argv = f"--url {served[1].url} --model {MODEL} --streams 4 --duration 2 --prompt-len 8"
+    argv += f" --output-len 16 --drop-share 0.33 --max-token-id 500 --json-out {out}"
+    assert soak.main(argv.split()) == 0
+    result = json.loads(out.read_text())
+    assert result["completed"] > 0 and result["dropped"] > 0 and result["transport_errors"] == 0
+    settle(served[0])
+    assert served[0].live.stats.kv_used_blocks == 0

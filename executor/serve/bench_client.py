@@ -53,6 +53,14 @@ async def _one_or_retry(client: httpx.AsyncClient, body: dict, errors: list[str]
         return await _one(client, body)
 
 
+def one_connection_clients(url: str, n: int, timeout: float = 600) -> list[httpx.AsyncClient]:
+    """``n`` clients of one connection each, sharing one TLS context (see ``_run``)."""
+    limits = httpx.Limits(max_connections=1, max_keepalive_connections=1)
+    tls = ssl.create_default_context()
+    kw = {"base_url": url, "limits": limits, "timeout": timeout, "verify": tls}
+    return [httpx.AsyncClient(**kw) for _ in range(n)]
+
+
 async def _run(
     url: str, bodies: list[dict], concurrency: int
 ) -> tuple[float, float, list[Timing], list[str]]:
@@ -65,10 +73,7 @@ async def _run(
         queue.put_nowait(b)
     out: list[Timing] = []
     errors: list[str] = []
-    limits = httpx.Limits(max_connections=1, max_keepalive_connections=1)
-    tls = ssl.create_default_context()
-    kw = {"base_url": url, "limits": limits, "timeout": 600, "verify": tls}
-    clients = [httpx.AsyncClient(**kw) for _ in range(concurrency)]
+    clients = one_connection_clients(url, concurrency)
 
     async def worker(client: httpx.AsyncClient) -> None:
         async with client:

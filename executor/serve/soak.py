@@ -23,6 +23,8 @@ import time
 
 import httpx
 
+from executor.serve.bench_client import one_connection_clients
+
 
 async def _stream(client: httpx.AsyncClient, body: dict, drop_after: int | None) -> int:
     tokens = 0
@@ -71,17 +73,17 @@ def parse_gauges(text: str) -> dict[str, float]:
 
 
 async def _run(args) -> dict:
+    """One client (one connection) per stream: ``bench_client.one_connection_clients``."""
     tally = {"completed": 0, "dropped": 0, "tokens": 0, "transport_errors": 0}
-    limits = httpx.Limits(max_connections=args.streams + 8)
+    clients = one_connection_clients(args.url, args.streams)
     start = time.monotonic()
-    async with httpx.AsyncClient(base_url=args.url, limits=limits, timeout=600) as client:
-        workers = [
-            _worker(
-                client, args, random.Random(args.seed * 100_003 + i), start + args.duration, tally
-            )
-            for i in range(args.streams)
-        ]
-        await asyncio.gather(*workers)
+
+    async def worker(i: int, client: httpx.AsyncClient) -> None:
+        async with client:
+            rng = random.Random(args.seed * 100_003 + i)
+            await _worker(client, args, rng, start + args.duration, tally)
+
+    await asyncio.gather(*(worker(i, c) for i, c in enumerate(clients)))
     tally["wall_s"] = time.monotonic() - start
     return tally
 
