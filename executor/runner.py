@@ -284,7 +284,7 @@ class ModelRunner:
         self._dec_key: tuple[Request, ...] | None = None
         self._dec_rows = np.zeros(0, dtype=np.int64)
         self._dec_rids: list[int] = []
-        self._num_sampled = 0  # sequences with non-greedy sampling parameters
+        self._num_sampled = 0  # sequences whose tokens are not the argmax (needs_sampler)
 
     def _init_graphs(
         self,
@@ -324,7 +324,7 @@ class ModelRunner:
             )
         params = params or self._sampling_of(request)
         self._seqs[rid] = _Seq(prompt + list(generated), len(prompt), params)
-        self._num_sampled += not params.greedy
+        self._num_sampled += params.needs_sampler
 
     def _tokens(self, s: _Seq) -> list[int]:
         if s.row < 0:
@@ -349,7 +349,7 @@ class ModelRunner:
         )
         del self._seqs[request.request_id]
         self._free_row(s)
-        self._num_sampled -= not s.params.greedy
+        self._num_sampled -= s.params.needs_sampler
         return s.tokens[s.num_prompt :]
 
     def drop(self, request: Request) -> None:
@@ -385,7 +385,7 @@ class ModelRunner:
             assert np.all((lead >= 0) & (lead <= self._in_flight)), "scheduled length out of step"
             assert np.all(self._len[rows] <= self.max_model_len)
         assert all(s.tokens is not None for s in self._seqs.values() if s.row < 0)
-        assert self._num_sampled == sum(not s.params.greedy for s in self._seqs.values())
+        assert self._num_sampled == sum(s.params.needs_sampler for s in self._seqs.values())
 
     @property
     def num_sequences(self) -> int:

@@ -9,6 +9,10 @@ whatever order; nothing reads back to the host, and there is no per-request Pyth
 Filters apply in HF's order to the temperature-scaled distribution: top-k, then top-p (the
 smallest set of most likely tokens whose mass reaches ``top_p``), then min-p (tokens at least
 ``min_p`` times as likely as the most likely one). The most likely token always survives.
+
+A row may also forbid some tokens while it is young: ``suppress_ids`` cannot be drawn while
+the row's step (tokens generated so far) is below ``min_tokens`` (vLLM's ``min_tokens``, which
+holds off the end-of-sequence ids).
 """
 
 from __future__ import annotations
@@ -27,13 +31,18 @@ class SamplingParams:
     ignored); ``top_k == 0`` and ``top_p == 1`` and ``min_p == 0`` switch those filters off.
 
     Give each request its own ``seed`` (e.g. derived from a run seed and the request id):
-    requests sharing a seed and step draw the same random number."""
+    requests sharing a seed and step draw the same random number.
+
+    ``suppress_ids`` are never drawn (greedy or not) while fewer than ``min_tokens`` tokens
+    have been generated."""
 
     temperature: float = 0.0
     top_k: int = 0
     top_p: float = 1.0
     min_p: float = 0.0
     seed: int = 0
+    min_tokens: int = 0
+    suppress_ids: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.temperature >= 0:
@@ -44,10 +53,18 @@ class SamplingParams:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
         if not 0 <= self.min_p <= 1:
             raise ValueError(f"min_p must be in [0, 1], got {self.min_p!r}")
+        if self.min_tokens < 0:
+            raise ValueError(f"min_tokens must be >= 0, got {self.min_tokens!r}")
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+    @property
+    def needs_sampler(self) -> bool:
+        """Whether a plain argmax of the logits is not this request's token: it samples, or
+        it may have tokens to suppress."""
+        return not self.greedy or bool(self.min_tokens and self.suppress_ids)
 
 
 @dataclass(frozen=True)
@@ -69,6 +86,7 @@ class SamplingBatch:
     any_top_k: bool
     any_top_p: bool
     any_min_p: bool
+    suppress: tuple[torch.Tensor, torch.Tensor] | None = None  # (rows, token ids) at -inf
 
     @classmethod
     def from_params(
@@ -92,6 +110,7 @@ class SamplingBatch:
             any_top_k=any(p.top_k > 0 for p in sampled),
             any_top_p=any(p.top_p < 1 for p in sampled),
             any_min_p=any(p.min_p > 0 for p in sampled),
+            suppress=_suppressed(params, steps, device),
         )
 
     def __len__(self) -> int:
@@ -105,12 +124,29 @@ def sample(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
     """
     if logits.dim() != 2 or logits.shape[0] != len(batch):
         raise ValueError(f"logits {tuple(logits.shape)} do not match a batch of {len(batch)}")
+    if batch.suppress is not None:
+        logits = logits.index_put(batch.suppress, torch.tensor(float("-inf"), device=logits.device))
     greedy = logits.argmax(dim=-1)
     if batch.all_greedy:
         return greedy
     probs = torch.softmax(filtered_logits(logits, batch), dim=-1)
     token = _invert_cdf(probs, uniform(batch.seed, batch.step))
     return torch.where(batch.temperature > 0, token, greedy)
+
+
+def _suppressed(
+    params: Sequence[SamplingParams], steps: Sequence[int], device
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The (row, token id) pairs that rows still below their ``min_tokens`` may not draw."""
+    rows, ids = [], []
+    for i, (p, step) in enumerate(zip(params, steps)):
+        if step < p.min_tokens:
+            rows += [i] * len(p.suppress_ids)
+            ids += p.suppress_ids
+    if not rows:
+        return None
+    t = torch.tensor([rows, ids], dtype=torch.int64).to(device, non_blocking=True)
+    return t[0], t[1]
 
 
 def filtered_logits(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -161,7 +162,14 @@ def test_logits_not_modified_and_shape_checked() -> None:
 
 @pytest.mark.parametrize(
     "kwargs",
-    [{"temperature": -1.0}, {"top_k": -1}, {"top_p": 0.0}, {"top_p": 1.5}, {"min_p": 2.0}],
+    [
+        {"temperature": -1.0},
+        {"top_k": -1},
+        {"top_p": 0.0},
+        {"top_p": 1.5},
+        {"min_p": 2.0},
+        {"min_tokens": -1},
+    ],
 )
 def test_bad_params_rejected(kwargs: dict) -> None:
     with pytest.raises(ValueError, match=next(iter(kwargs))):
@@ -173,3 +181,21 @@ def test_large_vocab_rare_tokens_never_drawn_when_filtered() -> None:
     logits[0, [7, 15000, 19999]] = torch.tensor([0.0, 0.1, -0.2])
     tokens = _draws(SamplingParams(temperature=1.0, seed=9), n=500, logits=logits[0])
     assert set(tokens.tolist()) == {7, 15000, 19999}
+
+
+def test_suppressed_ids_are_not_drawn_before_min_tokens() -> None:
+    """Token 3 is every row's argmax. Rows below their ``min_tokens`` never draw it (greedy or
+    sampled, whatever the seed); at ``min_tokens`` it is back."""
+    logits = torch.tensor([[0.0, 1.0, 2.0, 9.0]]).repeat(4, 1)
+    greedy = SamplingParams(min_tokens=2, suppress_ids=(3,))
+    hot = SamplingParams(temperature=5.0, min_tokens=2, suppress_ids=(3, 0), seed=7)
+    assert greedy.needs_sampler and not SamplingParams(min_tokens=2).needs_sampler
+    batch = SamplingBatch.from_params([greedy, greedy, hot, SamplingParams()], [0, 2, 1, 0])
+    assert sample(logits, batch).tolist()[:2] == [2, 3]
+    assert sample(logits, batch)[3] == 3
+    draws = {
+        int(sample(logits[:1], SamplingBatch.from_params([replace(hot, seed=s)], [1]))[0])
+        for s in range(200)
+    }
+    assert draws == {1, 2}  # never 3 or 0, both suppressed
+    assert logits[0, 3] == 9.0  # the caller's logits are untouched

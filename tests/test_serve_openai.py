@@ -16,6 +16,8 @@ from serve_fixtures import MODEL, served, settle, stall, tiny_config_for_serving
 from test_engine_offline import dense_greedy
 
 from executor.serve.byte_tokenizer import ByteTokenizer
+from executor.serve.live_engine import LiveEngine
+from executor.serve.params import GenerationParams
 from executor.serve.server import ServerThread, build_server
 
 TOK = ByteTokenizer()
@@ -185,6 +187,27 @@ def test_min_tokens_holds_off_end_of_sequence(client):
     assert r.usage.completion_tokens >= 15  # the end-of-sequence at token 10 did not stop it
     r = greedy(client, PROMPT_WITH_EOS, 40, extra_body={"ignore_eos": True})
     assert r.usage.completion_tokens == 40
+
+
+def test_min_tokens_never_samples_end_of_sequence_before(model):
+    """As vLLM: the end-of-sequence ids are masked until ``min_tokens`` (greedy here would
+    take one at token 10); with ``ignore_eos`` nothing is masked."""
+    events = []
+    live = LiveEngine(model, TOK, tiny_config_for_serving(), publish=events.extend)
+    live.start()
+    try:
+        held = live.submit(TOK.encode(PROMPT_WITH_EOS), GenerationParams(30, min_tokens=15))
+        free = GenerationParams(12, min_tokens=12, ignore_eos=True)
+        forced = live.submit(TOK.encode(PROMPT_WITH_EOS), free)
+        live.wait_idle()
+    finally:
+        live.close()
+
+    def tokens(rid: int) -> list[int]:
+        return [t for e in events if e.request_id == rid for t in e.token_ids]
+
+    assert len(tokens(held)) >= 15 and not EOS & set(tokens(held)[:15])
+    assert tokens(forced)[9] in EOS  # unmasked: the greedy end-of-sequence at token 10
 
 
 @pytest.mark.parametrize("stream", [False, True])

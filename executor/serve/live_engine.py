@@ -259,7 +259,13 @@ class LiveEngine:
             self._on_stats(self.stats, self.inbox.num_waiting)
 
     def _sampling(self, r: Request) -> SamplingParams:
-        return self.backend.generations[r.request_id].params.sampling
+        """The request's sampling; with ``min_tokens`` (and not ``ignore_eos``) its
+        end-of-sequence ids are suppressed until then, as vLLM does."""
+        p = self.backend.generations[r.request_id].params
+        if not p.min_tokens or p.ignore_eos:
+            return p.sampling
+        eos = tuple(self.tokenizer.eos_token_ids)
+        return replace(p.sampling, min_tokens=p.min_tokens, suppress_ids=eos)
 
 
 def _drop(events: list) -> None:

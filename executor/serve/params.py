@@ -13,9 +13,9 @@ class GenerationParams:
 
     Attributes:
         max_tokens: at most this many tokens (finish reason "length").
-        min_tokens: end-of-sequence and stop strings do not stop it before this many tokens (an
-            end-of-sequence token sampled earlier is kept, and generation goes on: the sampler
-            masks nothing, unlike vLLM's, which never samples it).
+        min_tokens: end-of-sequence and stop strings do not stop it before this many tokens;
+            as in vLLM, the end-of-sequence ids are not sampled before then (unless
+            ``ignore_eos``: then nothing is masked).
         ignore_eos: end-of-sequence never stops it. With ``min_tokens == max_tokens`` a request
             generates exactly ``max_tokens`` tokens (forced lengths).
         stop: strings that end the text (finish reason "stop"); the stop string itself is not
