@@ -184,6 +184,30 @@ class Recorder:
         own = [b[1] - max(b[0], a[1]) for a, b in zip(rows, rows[1:])]
         return max(0.0, sum(own) / len(own))
 
+    @property
+    def num_steps(self) -> int:
+        """Steps recorded so far."""
+        return len(self._steps)
+
+    def slo_met(self, req: Request, ttft: float, itl: float) -> bool:
+        """Whether ``req``'s first token came within ``ttft`` of its arrival and every gap
+        between its tokens within ``itl``, over the step ends recorded so far (call it when
+        the request has finished here: its last step is recorded). A request with no token
+        here missed. O(its tokens)."""
+        runs, steps = self._recs[req.request_id].runs, self._steps
+        if not runs:
+            return False
+        prev = steps[runs[0][0]][1]
+        if prev - req.arrival_time > ttft:
+            return False
+        for s, c in runs:
+            for k in range(s, s + c):
+                end = steps[k][1]
+                if end - prev > itl:
+                    return False
+                prev = end
+        return True
+
     # -- output --------------------------------------------------------------------------------
     def build(self) -> RunRecords:
         recs = sorted(self._recs.values(), key=lambda r: r.req.request_id)

@@ -5,8 +5,10 @@ provisioned. Every ``interval_s`` the driver makes due starting replicas routabl
 drained ones (``Fleet.tick``), builds a ``FleetView`` (active replicas' views, arrivals per
 past interval, counts) and applies the autoscaler's decision (``Fleet.apply``). A started
 replica becomes routable exactly ``startup_delay_s`` later (its own wake-up), so a start-up
-delay need not be a multiple of the interval. ``slo_attainment`` is not provided (None):
-the built-in signals read queues, KV and arrivals.
+delay need not be a multiple of the interval. ``slo_attainment``: with ``AutoscaleConfig.slo``
+set, the share of the requests that finished in the past interval with their first token
+within its TTFT and every gap within its ITL (a request's own ``slo`` where it has one; None
+when none finished); without it, None.
 """
 
 from __future__ import annotations
@@ -19,13 +21,16 @@ import simpy
 from horizon.cluster import Cluster, FleetView
 from horizon.cluster.autoscaler import Autoscaler
 from horizon.cluster.fleet import Fleet
+from horizon.recorder import Recorder
+from horizon.request import SLO, Request
 
 
 @dataclass(frozen=True)
 class AutoscaleConfig:
     """Autoscaling's settings: decision ``interval_s``, ``startup_delay_s`` from a start to
     routable, ``min_replicas``, replicas active at time 0 (``initial``), and how many past
-    intervals of arrivals a view carries (``history``). The most replicas is the cluster's
+    intervals of arrivals a view carries (``history``), and the ``slo`` by which views'
+    ``slo_attainment`` is measured (None: not measured). The most replicas is the cluster's
     size."""
 
     interval_s: float = 15.0
@@ -33,6 +38,7 @@ class AutoscaleConfig:
     min_replicas: int = 1
     initial: int = 1
     history: int = 40
+    slo: SLO | None = None
 
     def __post_init__(self) -> None:
         for name in ("interval_s", "startup_delay_s"):
@@ -43,6 +49,8 @@ class AutoscaleConfig:
             raise ValueError(f"AutoscaleConfig.interval_s must be > 0, got {self.interval_s!r}")
         if not (isinstance(self.history, int) and self.history >= 2):
             raise ValueError(f"AutoscaleConfig.history must be an int >= 2, got {self.history!r}")
+        if self.slo is not None and not isinstance(self.slo, SLO):
+            raise ValueError(f"AutoscaleConfig.slo must be an SLO or None, got {self.slo!r}")
 
 
 class AutoscaleDriver:
@@ -55,7 +63,32 @@ class AutoscaleDriver:
         self.fleet = Fleet(cluster, cfg.startup_delay_s, cfg.initial, cfg.min_replicas)
         self.arrivals: list[int] = []
         self._routed = 0
+        # with ``cfg.slo``: requests whose finishing step has ended, not yet counted
+        self._pending: list[tuple[Request, Recorder, int]] = []
         self.decisions: list[tuple[float, int]] = []
+
+    @property
+    def measures_slo(self) -> bool:
+        return self.cfg.slo is not None
+
+    def finished(self, req: Request, recorder: Recorder, step: int) -> None:
+        """``req`` finished in step ``step`` (just ended) of the replica ``recorder``
+        records; counted at the first decision after that step's update is recorded."""
+        self._pending.append((req, recorder, step))
+
+    def _attainment(self) -> float | None:
+        """The met share of the pending requests whose last step is recorded (they leave)."""
+        done, left = [], []
+        for p in self._pending:
+            (done if p[1].num_steps > p[2] else left).append(p)
+        self._pending = left
+        if not done:
+            return None
+        met = 0
+        for req, recorder, _ in done:
+            slo = req.slo or self.cfg.slo
+            met += recorder.slo_met(req, slo.ttft, slo.itl)
+        return met / len(done)
 
     def run(self):  # noqa: ANN201 - a SimPy process
         env, cfg = self.env, self.cfg
@@ -82,6 +115,7 @@ class AutoscaleDriver:
             draining=fleet.count("draining"),
             replicas=tuple(cluster.views[i] for i in active),
             arrivals=tuple(self.arrivals),
+            slo_attainment=self._attainment() if self.measures_slo else None,
         )
         desired = self.autoscaler.decide(view)
         before = set(i for i, s in enumerate(fleet.state) if s == "starting")

@@ -146,7 +146,8 @@ class ClusterSimulation:
         device = None if setup.device is None else self.devices[setup.device]
         event = setup.config.step_mode == "event"
         sim = SimBackend(setup.cost_model, event, self.clock, pipelined, device)
-        if not (replica.needs_steps or self.release.open):
+        counts = self.autoscale is not None and self.autoscale.measures_slo
+        if not (replica.needs_steps or self.release.open or counts):
             return sim
         return ObservedBackend(sim, self.clock, self._observer(replica))
 
@@ -233,11 +234,17 @@ class ClusterSimulation:
             self._maybe_done()
 
     def _observer(self, replica: Replica):  # noqa: ANN202
-        release = self.release
+        release, scaler = self.release, self.autoscale
+        if scaler is not None and not scaler.measures_slo:
+            scaler = None
+        recorder = replica.scheduler.recorder
 
         def on_step(plan: StepPlan, result: StepResult, end: float) -> None:
             if replica.needs_steps:
                 replica.observe_step(plan, result, end)
+            if scaler is not None:
+                for r in result.finished:
+                    scaler.finished(r, recorder, plan.step)
             if release.open:
                 for r in result.finished:
                     nxt = release.finished(r, end)

@@ -9,9 +9,10 @@ import pytest
 from sched_driver import ConstantCost
 
 from horizon.cluster import Autoscaler, FleetView, make_autoscaler, make_router
+from horizon.metrics.latency import max_itl, ttft
 from horizon.metrics.records import STATUS_FINISHED
 from horizon.policies import make_policy
-from horizon.request import Request
+from horizon.request import SLO, Request
 from horizon.scheduler_config import SchedulerConfig
 from horizon.workload import patterns
 from horizon.workload.builder import fresh_copy
@@ -109,3 +110,39 @@ def test_bad_settings_name_the_field():
         _run([], Hold(1), AutoscaleConfig(initial=9), n=2)
     with pytest.raises(ValueError, match="Fleet.min_replicas"):
         _run([], Hold(1), AutoscaleConfig(min_replicas=0, initial=1), n=2)
+
+
+def test_slo_attainment_is_what_the_records_say_and_drives_the_slo_signal():
+    """With ``AutoscaleConfig.slo`` the views carry the share of the interval's finished
+    requests that met it: per request the same verdict as the records' TTFT and largest gap;
+    the reactive ``slo`` signal then scales up for the burst."""
+    slo = SLO(ttft=0.5, itl=0.05)
+    seen: list[float | None] = []
+
+    class Watch(Autoscaler):
+        name = "watch"
+
+        def __init__(self) -> None:
+            self.inner = make_autoscaler("reactive", signal="slo")
+
+        def decide(self, view: FleetView) -> int:
+            seen.append(view.slo_attainment)
+            return self.inner.decide(view)
+
+    cfg = AutoscaleConfig(interval_s=5, startup_delay_s=5, initial=1, slo=slo)
+    sim, rec = _run(_requests(4), Watch(), cfg)
+    rec.check()
+    shares = [s for s in seen if s is not None]
+    assert min(shares) < 0.9 and max(shares) == 1.0
+    assert max(row[1] for row in rec.fleet["timeline"]) > 1
+    verdicts = set()
+    for replica, records in zip(sim.cluster.replicas, rec.replicas):
+        recorder = replica.scheduler.recorder
+        ok = (ttft(records) <= slo.ttft) & (np.nan_to_num(max_itl(records)) <= slo.itl)
+        done = np.flatnonzero(records.status == STATUS_FINISHED)
+        reqs = {r.request_id: r for r in [*sim.open_loop]}
+        for i in done:
+            req = reqs[int(records.request_id[i])]
+            assert recorder.slo_met(req, slo.ttft, slo.itl) == bool(ok[i])
+            verdicts.add(bool(ok[i]))
+    assert verdicts == {True, False}
