@@ -130,3 +130,16 @@ def test_a_short_soak_ends_with_every_block_free(served, tmp_path):
     assert result["completed"] > 0 and result["dropped"] > 0 and result["transport_errors"] == 0
     settle(served[0])
     assert served[0].live.stats.kv_used_blocks == 0
+
+
+def test_an_engine_process_that_dies_is_reported_and_closes():
+    server = start_process_server(spec(), MODEL)
+    live = server.live
+    live._proc.kill()  # the engine process dies under the server
+    live._proc.join(10)
+    assert not live.alive
+    with pytest.raises(EngineUnavailable):
+        live.submit([1, 2], GenerationParams(max_tokens=2))
+    live.close(timeout=5)  # returns: nothing comes back
+    with pytest.raises(RuntimeError, match="no records"):
+        live.records()

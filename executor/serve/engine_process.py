@@ -10,11 +10,12 @@ since that report.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import multiprocessing as mp
 import threading
 from collections.abc import Sequence
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from typing import Any
 
 from executor.engine import EngineConfig
@@ -135,11 +136,12 @@ class EngineProcess:
         """Abort what is held, end the engine's loop and its process (records come back)."""
         if self._proc is None or self._closed.done():
             return
-        self._send(("close",))
         try:
+            self._send(("close",))
             self._closed.result(timeout)
-        except TimeoutError:
+        except (EngineUnavailable, TimeoutError):  # gone, or stuck: no records come back
             self._proc.kill()
+            self._settle(None)
         self._proc.join(timeout)
 
     def records(self) -> RunRecords:
@@ -224,8 +226,7 @@ class EngineProcess:
                     return
         self._down = True
         self.error = self.error or RuntimeError("the engine process ended")
-        if not self._closed.done():
-            self._closed.set_result(None)
+        self._settle(None)
         for fut in self._replies.values():
             fut.set_result("the engine process ended")
 
@@ -243,9 +244,14 @@ class EngineProcess:
         elif kind == "closed":
             if message[2]:
                 self.error = RuntimeError(message[2])
-            self._closed.set_result(message[1])
+            self._settle(message[1])
             return True
         return False
+
+    def _settle(self, records: RunRecords | None) -> None:
+        """The run is over (records, or None): once, whichever thread sees it first."""
+        with contextlib.suppress(InvalidStateError):
+            self._closed.set_result(records)
 
     def _why_down(self) -> str:
         if self._proc is None:
