@@ -8,10 +8,25 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+from hydra import compose, initialize_config_dir
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
 from experiments.config import RunConfig, SweepConfig
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+
+
+def run_config(overrides: list[str]) -> RunConfig:
+    """``configs/run.yaml`` composed with Hydra ``overrides`` (e.g. ``policy=horizon``), as the
+    frozen, checked ``RunConfig`` (outside a Hydra app: for commands that are not one)."""
+    register_configs()
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
+        cfg = OmegaConf.to_object(compose("run", overrides=overrides))
+    assert isinstance(cfg, RunConfig)
+    return cfg
 
 
 def register_configs() -> None:

@@ -18,38 +18,24 @@ import json
 import sys
 from pathlib import Path
 
-from hydra import compose, initialize_config_dir
-from omegaconf import OmegaConf
-
 from experiments.components import build_components
-from experiments.config import RunConfig
-from experiments.config_store import register_configs
+from experiments.config_store import run_config
 from experiments.run_dir import SUMMARY, write_run_dir
 from experiments.runner import RunResult
 from experiments.workloads import DataSources, make_workload
 from horizon.metrics import RunRecords, summarize
 from horizon.workload.requests_file import save_requests
 
-REPO = Path(__file__).resolve().parents[1]
-
-
-def _config(overrides: list[str]) -> RunConfig:
-    register_configs()
-    with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
-        cfg = OmegaConf.to_object(compose("run", overrides=overrides))
-    assert isinstance(cfg, RunConfig)
-    return cfg
-
 
 def export(path: str, overrides: list[str]) -> int:
-    cfg = _config(overrides)
+    cfg = run_config(overrides)
     workload = make_workload(cfg, DataSources(cfg.data))
     save_requests(workload.new_requests(), path)
     return len(workload.requests)
 
 
 def import_run(engine_dir: str, run_dir: str, overrides: list[str]) -> dict:
-    cfg = _config(overrides)
+    cfg = run_config(overrides)
     meta = json.loads((Path(engine_dir) / "meta.json").read_text())
     records = RunRecords.load_npz(str(Path(engine_dir) / "records.npz"))
     records.check()

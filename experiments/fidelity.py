@@ -124,7 +124,7 @@ def preset(model: str) -> Preset:
 def export(out: str | None = None, model: str = MODEL) -> Manifest:
     """Build every case's requests and the manifest of ``model``'s preset under ``out``
     (default: the preset's folder)."""
-    from experiments.engine_runs import _config
+    from experiments.config_store import run_config
     from experiments.workloads import DataSources, make_workload
     from horizon.workload.requests_file import save_requests
 
@@ -134,7 +134,7 @@ def export(out: str | None = None, model: str = MODEL) -> Manifest:
     cases, slo, sources = [], None, None
     for name, role, workload, rate, seed, seconds, policies in pre.cases:
         n = max(1, round(rate * seconds))
-        cfg = _config(
+        cfg = run_config(
             [
                 f"model={pre.model}",
                 f"slo={pre.slo_preset}",

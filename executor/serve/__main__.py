@@ -21,6 +21,7 @@ import torch
 
 from executor.engine import EngineConfig
 from executor.serve.model_loading import TOKENIZERS, load_model
+from horizon.policies.base import Policy
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -94,18 +95,21 @@ def engine_config(args: argparse.Namespace, max_positions: int) -> EngineConfig:
     )
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, policy: Policy | None = None) -> int:
+    """The server of ``argv``'s options; ``policy``: a fresh policy object instead of
+    ``--policy`` (``experiments.serve`` builds one from the project's config groups)."""
     import uvicorn
 
     args = parse_args(argv)
     try:
-        server = _build(args)
+        server = _build(args, policy)
     except (ValueError, FileNotFoundError, RuntimeError) as e:  # a wrong name, no weights
         print(f"error: {e}", file=sys.stderr)
         return 2
     live = server.live
     print(
-        f"serving {server.model_name} on http://{args.host}:{args.port}/v1 ({args.policy}, "
+        f"serving {server.model_name} on http://{args.host}:{args.port}/v1 "
+        f"({type(policy).__name__ if policy is not None else args.policy}, "
         f"engine in {'its own process' if args.engine == 'process' else 'a thread'})",
         flush=True,
     )
@@ -118,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if live.error is None else 1
 
 
-def _build(args: argparse.Namespace):  # noqa: ANN202
+def _build(args: argparse.Namespace, policy: Policy | None):  # noqa: ANN202
     """The server, its engine started and warmed up (CUDA graphs captured on the engine's
     own thread)."""
     from executor.serve.server import build_server, start_process_server
@@ -130,12 +134,13 @@ def _build(args: argparse.Namespace):  # noqa: ANN202
 
         config = engine_config(args, max_positions(args.model))
         spec = EngineSpec(
-            args.model, config, args.dtype, args.device, args.seed, args.tokenizer, args.policy
-        )
+            args.model, config, args.dtype, args.device, args.seed, args.tokenizer,
+            policy or args.policy,
+        )  # fmt: skip
         return start_process_server(spec, name, args.max_waiting)
     model, tokenizer = load_model(args.model, args.dtype, args.device, args.seed, args.tokenizer)
     config = engine_config(args, model.config.max_position_embeddings)
-    server = build_server(model, tokenizer, config, name, args.policy, args.max_waiting)
+    server = build_server(model, tokenizer, config, name, policy or args.policy, args.max_waiting)
     server.start()
     return server
 

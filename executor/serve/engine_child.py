@@ -41,6 +41,7 @@ from executor.serve.events import Event, pack_events
 from executor.serve.live_engine import LiveEngine, Stats
 from executor.serve.params import GenerationParams
 from horizon.metrics.records import RunRecords
+from horizon.policies.base import Policy
 
 CALLS = ("warmup", "check_integrity", "wait_idle")
 
@@ -49,7 +50,8 @@ CALLS = ("warmup", "check_integrity", "wait_idle")
 class EngineSpec:
     """What the engine process builds: ``load_model(model, dtype, device, seed, tokenizer)``
     and a ``LiveEngine`` over it with ``config`` and ``policy`` (a name or
-    ``package.module:Class``: something the process can import)."""
+    ``package.module:Class``, something the process can import, or a fresh Policy object,
+    which it gets a pickled copy of)."""
 
     model: str
     config: EngineConfig
@@ -57,7 +59,7 @@ class EngineSpec:
     device: str = "cpu"
     seed: int = 0
     tokenizer: str = "byte"
-    policy: str = "fcfs"
+    policy: str | Policy = "fcfs"
     torch_threads: int | None = None
 
 
