@@ -255,7 +255,8 @@ class EngineCluster:
                 (each worker gets its own copy), or a sequence of those, one per replica.
             view_delay: seconds by which the router's views lag the reports (0: the latest).
             max_time: stop routing at it; replicas stop at their first step boundary at or
-                after it (later arrivals are not part of the run).
+                after it (later arrivals are not part of the run). Disaggregated: no handoff
+                is placed from then on, and one still pending counts unfinished.
             predictor: each replica's predictor for its predicted-load figures (copied).
             check_every: each replica's ``scheduler.check_integrity()`` every that many steps.
             decode_router: a disaggregated cluster's choice of decode replica for a handed-off
@@ -268,8 +269,6 @@ class EngineCluster:
             raise ValueError("EngineCluster.run needs a router")
         if max_time is not None and not (math.isfinite(max_time) and max_time > 0):
             raise ValueError(f"max_time must be a finite number > 0, got {max_time!r}")
-        if max_time is not None and self.disaggregated:
-            raise ValueError("EngineCluster.run: max_time is not supported with prefill workers")
         policies = self._policies(policy)
         self.start()
         try:
@@ -334,7 +333,7 @@ class _Drive:
         if self.cluster.handoffs is not None:
             every = {r.request_id: r for r in requests} | self.turns
             self.handoffs = EngineHandoffs(self.cluster, self.remotes, ec._inboxes, every,
-                                           self.clock.now)  # fmt: skip
+                                           self.clock.now, self.end)  # fmt: skip
         self.all_ids = [r.request_id for r in requests] + list(self.turns)
         self.heap = [(r.arrival_time, r.request_id, r) for r in requests]
         self.heap = [e for e in self.heap if e[0] <= self.end]  # later ones never arrive
@@ -360,13 +359,18 @@ class _Drive:
 
     def _end_workers(self) -> None:
         """Tell the workers no more arrivals come: decode workers last, once every prefill
-        worker is done (its handoffs released) and no handoff is left to place."""
+        worker is done (its handoffs released) and no handoff is left to place. A run cut at
+        ``max_time`` first lets the transfers in flight end (copied, or refused by a decode
+        worker that has stopped): a prefill worker then takes its last releases before "end"."""
         decode = [i for i, r in enumerate(self.remotes) if r.role == "decode"]
+        if self.handoffs is not None and self.clock.now() >= self.end:
+            while not self.handoffs.settled:
+                self._wait(self.ec.poll_s)
         for i, inbox in enumerate(self.ec._inboxes):
             if i not in decode:
                 inbox.put(("end",))
         others = len(self.remotes) - len(decode)
-        while decode and not (self.handoffs.idle and len(self.done) == others):
+        while decode and not (self.handoffs.settled and len(self.done) == others):
             self._wait(self.ec.poll_s)
         for i in decode:
             self.ec._inboxes[i].put(("end",))

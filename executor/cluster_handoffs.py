@@ -15,10 +15,15 @@ driver turns the workers' messages into that protocol's calls and its decisions 
 
 A transfer's ``start`` is when the decode worker reserved the blocks (at its step boundary),
 its ``end`` when the copy was done there; ``copy_s`` is the copy's own seconds.
+
+A run cut at ``max_time`` (``end``) places nothing from then on: what is pending stays on its
+prefill replica (the records count it unfinished), what is in flight completes or is refused
+by a decode worker whose loop has stopped (``settled`` says when none is left).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -40,6 +45,7 @@ class EngineHandoffs:
         inboxes: each worker's inbox (``put``).
         requests: request id -> the driver's Request, for every request of the run.
         now: the run's clock.
+        end: the run's ``max_time`` (inf: none).
     """
 
     def __init__(
@@ -49,6 +55,7 @@ class EngineHandoffs:
         inboxes: Sequence[Any],
         requests: dict[int, Request],
         now: Callable[[], float],
+        end: float = math.inf,
     ) -> None:
         assert cluster.handoffs is not None
         self.h = cluster.handoffs
@@ -56,13 +63,18 @@ class EngineHandoffs:
         self.scheds: tuple[RemoteScheduler, ...] = tuple(r.scheduler for r in remotes)
         self.inboxes = inboxes
         self.requests = requests
-        self.now = now
+        self.now, self.end = now, end
         self.copy_s: dict[int, float] = {}
         self.refusals = 0
 
     @property
     def idle(self) -> bool:
         return self.h.idle
+
+    @property
+    def settled(self) -> bool:
+        """Nothing more will move: idle, or past ``end`` with no transfer in flight."""
+        return self.h.idle or (self.now() >= self.end and not self.h.in_flight)
 
     def on_handoffs(self, i: int, rows: list[tuple]) -> None:
         """Prefill replica ``i`` handed these requests off; place what fits."""
@@ -85,8 +97,9 @@ class EngineHandoffs:
                 self.place()
 
     def place(self) -> None:
-        """Start every pending handoff a decode replica can take (by its latest report)."""
-        if not self.h.pending:
+        """Start every pending handoff a decode replica can take (by its latest report); none
+        from ``end`` on."""
+        if not self.h.pending or self.now() >= self.end:
             return
         for t in self.h.place(self.now()):
             r = t.request

@@ -364,7 +364,21 @@ class InboxArrivals:
         return now  # past: the loop goes on at once (and admits what came)
 
     def until_end(self, sched: Scheduler, now: float) -> None:
-        """Block until "end", adding whatever arrives meanwhile (after the loop stopped)."""
+        """Block until "end" once the loop has stopped (at ``max_time``), taking what comes
+        meanwhile: requests are added (recorded unfinished), a release frees its handoff's
+        blocks, an import is refused (this replica runs no more steps)."""
         while not self._ended:
             self._take(self._inbox.get())
+            self._stopped_transfers()
+        self._stopped_transfers()
         self.admit(sched, now)
+
+    def _stopped_transfers(self) -> None:
+        transfers, agent = self._transfers, self._agent
+        while transfers:
+            msg = transfers.popleft()
+            assert agent is not None
+            if msg[0] == "release":
+                agent.release(msg[1])
+            else:
+                agent.refuse(request_from_wire(msg[1]))

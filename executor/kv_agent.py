@@ -118,6 +118,10 @@ class KVAgent:
         self.send(("imported", self.index, r.request_id, start, end, copy_s))
         return True
 
+    def refuse(self, r: Request) -> None:
+        """Refuse handed-off ``r`` without looking (this replica's loop has stopped)."""
+        self.send(("refused", self.index, r.request_id, self.now()))
+
     def check_integrity(self) -> None:
         """Every request handed off and not released still holds its blocks here."""
         for rid, r in self.handed.items():

@@ -13,6 +13,7 @@ from executor.engine import EngineConfig
 from executor.model.testing import tiny_config
 from horizon.cluster import make_router
 from horizon.cluster.disagg_metrics import ttft_parts
+from horizon.metrics.records import STATUS_HANDED_OFF, STATUS_UNFINISHED
 from horizon.request import Request
 
 ENGINE = {"num_blocks": 60, "block_size": 4, "max_num_batched_tokens": 32, "max_num_seqs": 4,
@@ -144,3 +145,26 @@ def test_manifest_keeps_roles_and_the_decode_router(tmp_path):
     assert [s.role for s in back.worker_specs("cpu")] == ["prefill", "decode"]
     with pytest.raises(ValueError, match="WorkerSpec.role"):
         WorkerSpec(role="both")
+
+
+def test_a_run_cut_at_max_time_ends_and_the_cluster_runs_again(pd):
+    """Cut while the decode pools are full (30 + 60 tokens a request, 23 blocks: 3 at a time
+    on the two decode replicas): the run ends with handoffs still pending (never placed: their
+    prefill rows alone, unfinished), transfers in flight done, the records whole, and the next
+    run on the same workers complete."""
+    rng = np.random.default_rng(0)
+    reqs = [Request(i, 0.01 * i, 30, 60, 60, prompt_token_ids=tuple(rng.integers(0, 512, 30)
+                    .tolist())) for i in range(20)]  # fmt: skip
+    rec = pd.run(reqs, (), make_router("round_robin"), "fcfs", max_time=0.2,
+                 decode_router=make_router("least_kv"), check_every=1)  # fmt: skip
+    rec.check()
+    merged, t = rec.merged(), rec.transfers
+    assert set(merged.status.tolist()) <= {0, STATUS_UNFINISHED}
+    assert (merged.status == STATUS_UNFINISHED).any()
+    handed = np.flatnonzero(rec.replicas[0].status == STATUS_HANDED_OFF)
+    assert len(handed) > len(t["request_id"])  # some handed off were never placed
+    assert np.all(np.isfinite(t["end"]))  # what was placed was copied
+    again = pd.run(workload(), (), make_router("round_robin"), "fcfs",
+                   decode_router=make_router("least_kv"), check_every=1)  # fmt: skip
+    again.check()
+    assert (again.merged().status == 0).all()
