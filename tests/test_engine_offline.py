@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from executor.engine import Engine, EngineConfig
-from executor.model import CausalLM, DenseKVCache
-from executor.model.testing import forward_prompts, tiny_config
+from executor.model import CausalLM
+from executor.model.testing import greedy_decode, tiny_config
 from executor.sampling import SamplingParams
 from executor.weights import random_weights
 from horizon.request import Request
@@ -60,13 +60,7 @@ def make_requests(prompts=PROMPTS, outputs=OUTPUT_LENS, arrivals=None) -> list[R
 
 def dense_greedy(model: CausalLM, prompt: list[int], n: int) -> list[int]:
     """Greedy decode of one sequence with contiguous (non-paged) caches."""
-    cache = DenseKVCache(model.config.num_layers)
-    logits = forward_prompts(model, [prompt], [cache])[-1]
-    out = []
-    for _ in range(n):
-        out.append(int(logits.argmax()))
-        logits = forward_prompts(model, [[out[-1]]], [cache])[-1]
-    return out
+    return greedy_decode(model, prompt, n)[0]
 
 
 @pytest.fixture(scope="module")

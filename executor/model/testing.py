@@ -56,3 +56,15 @@ def forward_prompts(
     attention = DenseAttention([len(c) for c in chunks], caches, model.config.attention_scale)
     with torch.no_grad():
         return model.compute_logits(model(ids, positions, attention))
+
+
+def greedy_decode(model: CausalLM, prompt: Sequence[int], n: int) -> tuple[list[int], torch.Tensor]:
+    """Greedy decode of one sequence with contiguous (non-paged) caches: ``n`` tokens, and the
+    fp32 logits of the last step (after the last token)."""
+    cache = DenseKVCache(model.config.num_layers)
+    logits = forward_prompts(model, [list(prompt)], [cache])[-1]
+    out: list[int] = []
+    for _ in range(n):
+        out.append(int(logits.argmax()))
+        logits = forward_prompts(model, [[out[-1]]], [cache])[-1]
+    return out, logits
