@@ -1,0 +1,202 @@
+"""Speculative decoding's crossover, simulated: k drafts x batch size x acceptance rate.
+
+    python -m experiments.spec_crossover --simulate [--out results/spec_crossover]
+
+For every acceptance rate ``alpha`` (stated: each draft accepted with probability ``alpha``
+given the ones before it, ``simulator.acceptance``), drafter, ``k`` in 1..8 and batch size B in
+1, 2, 4, ..., 256, one simulated run of the 7B shape on an H200 (the engine-fitted cost model,
+the engine's loop): ``2B + 6`` requests of a 512-token prompt and 128..383 output tokens (spread
+so that requests finish apart), all queued at t = 0 with ``max_num_seqs = B``, so B requests
+decode at once and a finished one is replaced at once (continuous refill). Each run is compared
+with plain decoding of the same requests: output tokens/s and mean TPOT, and the *crossover*:
+the smallest B at which speculation is slower than plain decoding.
+
+Drafters: ``ngram`` (model-free: drafting costs nothing on the GPU) and ``draft_0.5b`` (a
+Qwen2.5-0.5B draft model: each draft position costs one decode step of the 0.5B shape over the
+batch, from its engine-fitted cost model). Verification is priced by the 7B cost model as
+prefill chunks of k + 1 tokens over the context (``simulator.verification_cost``): it is *not
+yet measured* on the engine. Writes ``sim.json`` (every run) and ``table.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+from experiments.report_template import table
+from horizon.metrics.latency import tpot
+from horizon.model_shape import model_shape
+from horizon.plan import StepPlan
+from horizon.policies import make_policy
+from horizon.request import Request
+from horizon.scheduler_config import SchedulerConfig
+from horizon.speculation import SpeculationConfig, expected_tokens
+from simulator import Simulation, gpu_spec, make_cost_model
+from simulator.acceptance import AcceptanceModel
+from simulator.verification_cost import DraftCost
+
+REPO = Path(__file__).resolve().parents[1]
+KS = tuple(range(1, 9))
+BATCHES = tuple(2**i for i in range(9))
+ALPHAS = (0.5, 0.7, 0.9)
+PROMPT = 512
+LABEL = (
+    "simulated, stated acceptance, verification priced as prefill chunks "
+    "(not yet measured on the engine)"
+)
+CALIBRATION = {
+    "qwen2.5-7b": "calibration/h200_qwen2.5-7b_online.csv.gz",
+    "qwen2.5-0.5b": "calibration/h200_qwen2.5-0.5b_online.csv.gz",
+}
+
+
+def _requests(batch: int) -> list[Request]:
+    n = 2 * batch + 6
+    return [Request(i, 0.0, PROMPT, 128 + (i * 97) % 256, 128 + (i * 97) % 256) for i in range(n)]
+
+
+def _cost(shape: str):  # noqa: ANN202
+    return make_cost_model(
+        "engine_fitted", shape=model_shape(shape), gpu=gpu_spec("H200"), path=CALIBRATION[shape]
+    )
+
+
+def _draft_cost(drafter: str, batch: int, draft_model) -> DraftCost:  # noqa: ANN001
+    """``ngram``: free. ``draft_0.5b``: per draft position, one 0.5B decode step of the batch
+    over its mean context (prompt plus half the mean output)."""
+    if drafter == "ngram":
+        return DraftCost("ngram")
+    dummy = tuple(Request(i, 0.0, 1, 1, 1) for i in range(batch))
+    plan = StepPlan(0, 0.0, dummy, (), decode_context_tokens=batch * (PROMPT + 128))
+    return DraftCost("model", per_position_s=draft_model.step_time(plan))
+
+
+def _run(batch: int, spec: SpeculationConfig | None, alpha: float, cost, draft) -> dict:  # noqa: ANN001
+    shape = model_shape("qwen2.5-7b")
+    cfg = SchedulerConfig(
+        num_blocks=shape.kv_blocks(gpu_spec("H200").memory_bytes, 0.9, 16),
+        max_num_seqs=batch,
+        speculation=spec,
+    )
+    sim = Simulation(
+        _requests(batch),
+        cfg,
+        make_policy("fcfs"),
+        cost,
+        pipelined=True,
+        arrivals_at_step_boundaries=True,
+        acceptance=AcceptanceModel.geometric(alpha, seed=0),
+        draft_cost=draft,
+    )
+    rec = sim.run()
+    makespan = float(rec.step_end[-1])
+    tokens = int(rec.num_output_tokens.sum())
+    s = sim.scheduler
+    return {
+        "tokens_per_s": tokens / makespan,
+        "mean_tpot_ms": 1e3 * float(tpot(rec).mean()),
+        "tokens_per_step": tokens / len(rec.step_end),
+        "accepted_per_draft": s.num_accepted / s.num_drafted if s.num_drafted else 0.0,
+    }
+
+
+def simulate() -> dict:
+    """Every run of the grid (module docstring), with its plain-decoding baseline."""
+    cost, draft_model = _cost("qwen2.5-7b"), _cost("qwen2.5-0.5b")
+    plain = {b: _run(b, None, 0.5, cost, None) for b in BATCHES}
+    rows = []
+    for drafter in ("ngram", "draft_0.5b"):
+        for alpha in ALPHAS:
+            for b in BATCHES:
+                draft = _draft_cost(drafter, b, draft_model)
+                for k in KS:
+                    spec = SpeculationConfig(policy="fixed", num_draft_tokens=k)
+                    row = _run(b, spec, alpha, cost, draft)
+                    base = plain[b]
+                    row.update(drafter=drafter, alpha=alpha, batch=b, k=k)
+                    row["speedup"] = row["tokens_per_s"] / base["tokens_per_s"]
+                    row["tpot_ratio"] = row["mean_tpot_ms"] / base["mean_tpot_ms"]
+                    rows.append(row)
+    return {"label": LABEL, "conditions": _conditions(), "plain": plain, "runs": rows}
+
+
+def _conditions() -> dict:
+    return {
+        "model": "qwen2.5-7b",
+        "gpu": "H200",
+        "cost_model": CALIBRATION["qwen2.5-7b"] + " (engine_fitted, engine loop)",
+        "draft_model_cost": CALIBRATION["qwen2.5-0.5b"] + " (0.5B decode step per position)",
+        "acceptance": "geometric: draft i accepted with prob alpha given 1..i-1 (seed 0)",
+        "workload": f"2B+6 requests, prompt {PROMPT}, output 128..383, all at t=0, "
+        "max_num_seqs=B (continuous refill), policy fcfs, speculation policy fixed",
+        "token_budget": "max_num_batched_tokens 2048: at B=256 k is capped at 7",
+    }
+
+
+def crossover(rows: list[dict], drafter: str, alpha: float, k: int) -> int | None:
+    """Smallest batch at which speculation with ``k`` drafts is slower than plain decoding."""
+    for b in BATCHES:
+        r = next(
+            r
+            for r in rows
+            if (r["drafter"], r["alpha"], r["batch"], r["k"]) == (drafter, alpha, b, k)
+        )
+        if r["speedup"] < 1.0:
+            return b
+    return None
+
+
+def render(report: dict) -> str:
+    """``table.md``: per drafter and alpha, speedup over plain decoding by k (rows) and batch
+    (columns), and the crossover batch of each k."""
+    rows = report["runs"]
+    out = [
+        "# Speculative decoding crossover: " + report["label"],
+        "",
+        "Written by `python -m experiments.spec_crossover --simulate` (every figure with more "
+        "digits in `sim.json`). Cells: output tokens/s with speculation over plain decoding at "
+        "the same batch size (> 1: speculation is faster). Crossover: the smallest batch size "
+        "at which it is slower (— : none up to 256).",
+        "",
+        table(["condition", "value"], report["conditions"].items()),
+    ]
+    for drafter in ("ngram", "draft_0.5b"):
+        for alpha in ALPHAS:
+            body = []
+            for k in KS:
+                cells = [
+                    f"{r['speedup']:.2f}"
+                    for b in BATCHES
+                    for r in rows
+                    if (r["drafter"], r["alpha"], r["batch"], r["k"]) == (drafter, alpha, b, k)
+                ]
+                cross = crossover(rows, drafter, alpha, k)
+                ideal = f"{expected_tokens(alpha, k):.2f}"
+                body.append([str(k), ideal, *cells, "—" if cross is None else str(cross)])
+            heads = ["k", "tokens/verify", *[f"B={b}" for b in BATCHES], "crossover"]
+            out += ["", f"## {drafter}, alpha = {alpha}", "", table(heads, body)]
+    return "\n".join(out) + "\n"
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--simulate", action="store_true", help="run the simulator's grid")
+    ap.add_argument("--out", default=str(REPO / "results" / "spec_crossover"))
+    args = ap.parse_args(argv)
+    if not args.simulate:
+        ap.error("only --simulate exists so far (the engine's grid is to come)")
+    t0 = time.perf_counter()
+    report = simulate()
+    report["wall_s"] = round(time.perf_counter() - t0, 1)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "sim.json").write_text(json.dumps(report, indent=1, sort_keys=True) + "\n")
+    (out / "table.md").write_text(render(report))
+    print(f"{len(report['runs'])} runs in {report['wall_s']} s -> {out}")
+    return report
+
+
+if __name__ == "__main__":
+    main()
