@@ -13,8 +13,10 @@ fewer KV heads than ranks (``world % num_kv_heads == 0``) each rank keeps the on
 query heads share, replicated on ``world / num_kv_heads`` ranks.
 
 What is here is the model's split, run by any ``Attention`` over the rank's heads (each rank
-holds its heads' KV cache). Not yet: the engine's paged runner per rank with the scheduler's
-plan broadcast from rank 0, and CUDA graphs per rank.
+holds its heads' KV cache), and so by the engine: an ``Engine`` over a rank's part keeps a KV
+tensor of the rank's heads. Offline runs (every request queued at the start) need no plan to
+travel: each rank's scheduler makes the same plans from the same requests. Not yet: the plan
+broadcast from rank 0 that online (wall-clock) runs need, and CUDA graphs per rank.
 
     python -m executor.tensor_parallel --world 2     # gloo on the CPU: TP=2 against TP=1
 """
@@ -142,47 +144,78 @@ def _copy(t: torch.Tensor | None) -> torch.Tensor | None:
 
 
 # -- the CPU check: TP=world (gloo, one process per rank) against TP=1 -----------------------------
-def _rank_main(rank: int, world: int, init: str, hf_overrides: dict, prompt, n, out) -> None:  # noqa: ANN001
-    from executor.model.testing import greedy_decode, tiny_config
+def _tiny(hf_overrides: dict) -> CausalLM:
+    from executor.model.testing import tiny_config
     from executor.weights import random_weights
+
+    model = CausalLM(tiny_config(**hf_overrides))
+    random_weights(model, 7, std=0.2)
+    return model
+
+
+PROMPT = [3, 17, 101, 42, 7, 250, 9]
+
+
+def engine_run(model: CausalLM) -> tuple[dict[int, list[int]], int]:
+    """The check's offline engine run (torch attention, trace lengths): each request's tokens
+    and the number of steps. Every rank schedules the same requests, all queued at the start,
+    with the same deterministic scheduler, so every rank makes the same plans."""
+    from executor.engine import Engine, EngineConfig
+    from horizon.request import Request
+
+    cfg = EngineConfig(num_blocks=96, block_size=4, max_num_batched_tokens=16, max_num_seqs=4,
+                       max_model_len=128, attention_backend="torch", stop="trace")  # fmt: skip
+    engine = Engine(model, cfg)
+    reqs = [Request(i, 0.0, len(PROMPT) + i, 10 + i, 10 + i,
+                    prompt_token_ids=tuple(PROMPT + list(range(20, 20 + i))))
+            for i in range(6)]  # fmt: skip
+    records = engine.run_offline(reqs)
+    return {k: list(v) for k, v in engine.outputs.items()}, len(records.step_end)
+
+
+def _rank_main(rank: int, world: int, init: str, hf_overrides: dict, n: int, out) -> None:  # noqa: ANN001
+    from executor.model.testing import greedy_decode
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
     try:
-        model = CausalLM(tiny_config(**hf_overrides))
-        random_weights(model, 7, std=0.2)
-        tokens, logits = greedy_decode(shard(model, rank, world), prompt, n)
-        out.put((rank, tokens, logits))
+        part = shard(_tiny(hf_overrides), rank, world)
+        tokens, logits = greedy_decode(part, PROMPT, n)
+        out.put((rank, tokens, logits, engine_run(part)))
     finally:
         dist.destroy_process_group()
 
 
 def check(world: int = 2, hf_overrides: dict | None = None, n: int = 16) -> dict:
-    """TP=``world`` greedy decode of the tiny model on the CPU (gloo, spawned ranks) against
-    TP=1: every rank's tokens, and the largest logit difference at the last step."""
+    """TP=``world`` on the tiny model on the CPU (gloo, spawned ranks) against TP=1: a dense
+    greedy decode (every rank's tokens, the largest logit difference at its last step) and an
+    offline engine run over the paged KV cache (each rank's tokens per request and steps)."""
     import torch.multiprocessing as mp
 
-    from executor.model.testing import greedy_decode, tiny_config
-    from executor.weights import random_weights
+    from executor.model.testing import greedy_decode
 
     overrides = hf_overrides or {}
-    prompt = [3, 17, 101, 42, 7, 250, 9]
-    model = CausalLM(tiny_config(**overrides))
-    random_weights(model, 7, std=0.2)
-    ref, ref_logits = greedy_decode(model, prompt, n)
+    model = _tiny(overrides)
+    ref, ref_logits = greedy_decode(model, PROMPT, n)
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     with tempfile.TemporaryDirectory() as tmp:
         init = "file://" + os.path.join(tmp, "rendezvous")
-        procs = [ctx.Process(target=_rank_main, args=(r, world, init, overrides, prompt, n, q))
+        procs = [ctx.Process(target=_rank_main, args=(r, world, init, overrides, n, q))
                  for r in range(world)]  # fmt: skip
         for p in procs:
             p.start()
-        got = sorted(q.get(timeout=300) for _ in procs)
+        got = sorted((q.get(timeout=300) for _ in procs), key=lambda g: g[0])
         for p in procs:
             p.join(60)
-    diff = max(float((logits - ref_logits).abs().max()) for _, _, logits in got)
-    return {"reference": ref, "ranks": [tokens for _, tokens, _ in got], "max_logit_diff": diff}
+    diff = max(float((g[2] - ref_logits).abs().max()) for g in got)
+    return {
+        "reference": ref,
+        "ranks": [g[1] for g in got],
+        "max_logit_diff": diff,
+        "engine_reference": engine_run(model),
+        "engine_ranks": [g[3] for g in got],
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -193,9 +226,12 @@ def main(argv: list[str] | None = None) -> int:
     kv = {} if args.kv_heads is None else {"num_key_value_heads": args.kv_heads}
     r = check(args.world, kv)
     same = all(t == r["reference"] for t in r["ranks"])
-    print(f"TP={args.world} against TP=1: tokens {'identical' if same else 'DIFFERENT'} on every "
-          f"rank, largest logit difference {r['max_logit_diff']:.2e}")  # fmt: skip
-    return 0 if same else 1
+    engine = all(e == r["engine_reference"] for e in r["engine_ranks"])
+    print(f"TP={args.world} against TP=1: dense greedy tokens "
+          f"{'identical' if same else 'DIFFERENT'} on every rank (largest logit difference "
+          f"{r['max_logit_diff']:.2e}); paged engine run {'identical' if engine else 'DIFFERENT'}"
+          f" ({r['engine_reference'][1]} steps)")  # fmt: skip
+    return 0 if same and engine else 1
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """Tensor parallelism of the decoder on the CPU: TP=2 with gloo in two spawned processes gives
-the same greedy tokens as TP=1 (fp32), with the KV head replicated (1 KV head, 2 ranks) and
-split (2 KV heads); the split's layout and its errors."""
+the same greedy tokens as TP=1 (fp32), densely and through the engine's paged KV cache, with
+the KV head replicated (1 KV head, 2 ranks) and split (2 KV heads); the split's layout and its
+errors."""
 
 from __future__ import annotations
 
@@ -15,6 +16,9 @@ def test_tp2_greedy_tokens_equal_tp1(kv_heads):
     r = check(2, {"num_key_value_heads": kv_heads}, n=16)
     assert r["ranks"] == [r["reference"]] * 2
     assert r["max_logit_diff"] < 1e-4  # fp32: the all-reduce changes only the summation order
+    outputs, steps = r["engine_reference"]
+    assert outputs[0] == r["reference"][:10]  # the engine's request 0 is the dense prompt
+    assert r["engine_ranks"] == [(outputs, steps)] * 2
 
 
 def test_layout_splits_heads_and_replicates_a_shared_kv_head():
