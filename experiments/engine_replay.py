@@ -92,7 +92,10 @@ def replay_manifest(
     from experiments.fidelity_manifest import Manifest
 
     m = Manifest.load(path)
-    config = EngineConfig(**m.scheduler)
+    scheduler = dict(m.scheduler)
+    if scheduler.pop("speculation", None) is not None:  # a SchedulerConfig field since issue 21
+        raise ValueError(f"{path}: scheduler.speculation: the engine does not speculate yet")
+    config = EngineConfig(**scheduler)
     engine = _engine(m.model, device, config)
     base = Path(path).parent
     for case in m.cases:
