@@ -164,7 +164,8 @@ class KVCacheManager:
         rid = req.request_id
         table = self._tables.pop(rid, None)
         self._registered.pop(rid, None)
-        self._drafts.pop(rid, None)
+        if self._drafts:
+            self._drafts.pop(rid, None)
         if not keep_hashes:
             self._hashes.pop(rid, None)
         if table is None:

@@ -385,8 +385,13 @@ class Scheduler:
 
     def _remove_running(self, r: Request) -> None:
         rid = r.request_id
-        if rid in self._decoding:
-            self._unanchor(r)
+        if rid in self._decoding:  # as _unanchor, inlined: once per request that finishes
+            drift = r.num_computed_tokens - self.clock.step
+            self._ctx_base -= drift
+            del self._decoding[rid]
+            del self._residue[drift % self._bs][rid]
+            self._decode_tuple = None
+            r.settle()
         elif self._speculating:
             self._speculating.pop(rid, None)
         del self.running[rid]
