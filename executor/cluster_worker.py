@@ -332,15 +332,7 @@ class InboxArrivals:
 
     def admit(self, sched: Scheduler, now: float) -> None:
         self._drain()
-        transfers, agent = self._transfers, self._agent
-        while transfers:
-            msg = transfers.popleft()
-            assert agent is not None
-            if msg[0] == "release":
-                agent.release(msg[1])
-            else:
-                _, wire, n, src, blocks = msg
-                agent.take_import(request_from_wire(wire), n, src, blocks)
+        self._handle_transfers(stopped=False)
         pending, accept = self._pending, self._replica.accept
         while pending:
             r = pending.popleft()
@@ -369,16 +361,24 @@ class InboxArrivals:
         blocks, an import is refused (this replica runs no more steps)."""
         while not self._ended:
             self._take(self._inbox.get())
-            self._stopped_transfers()
-        self._stopped_transfers()
+            self._handle_transfers(stopped=True)
+        self._handle_transfers(stopped=True)
         self.admit(sched, now)
 
-    def _stopped_transfers(self) -> None:
+    def _handle_transfers(self, stopped: bool) -> None:
+        """The queued "import" and "release" messages, in order: a release frees its
+        handoff's blocks; an import is taken (reserved, copied, admitted), or refused once the
+        loop has ``stopped``."""
         transfers, agent = self._transfers, self._agent
         while transfers:
             msg = transfers.popleft()
             assert agent is not None
             if msg[0] == "release":
                 agent.release(msg[1])
+                continue
+            _, wire, n, src, blocks = msg
+            r = request_from_wire(wire)
+            if stopped:
+                agent.refuse(r)
             else:
-                agent.refuse(request_from_wire(msg[1]))
+                agent.take_import(r, n, src, blocks)

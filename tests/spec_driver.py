@@ -10,23 +10,14 @@ from horizon.metrics.records import RunRecords
 from horizon.request import Request
 from horizon.scheduler import Scheduler
 from horizon.scheduler_config import SchedulerConfig
+from horizon.workload.builder import fresh_copy
 from simulator.acceptance import AcceptanceModel
 from simulator.backend import SimBackend
 
 
 def fresh(reqs: list[Request]) -> list[Request]:
     """Unscheduled copies of ``reqs``."""
-    return [
-        Request(
-            r.request_id,
-            r.arrival_time,
-            r.num_prompt_tokens,
-            r.max_output_tokens,
-            r.true_output_tokens,
-            prompt_token_ids=r.prompt_token_ids,
-        )
-        for r in reqs
-    ]
+    return [fresh_copy(r) for r in reqs]
 
 
 def assert_hash_chains(sched: Scheduler) -> None:

@@ -13,6 +13,7 @@ from sched_driver import drive, random_requests
 from horizon.metrics.records import STATUS_FINISHED, STATUS_REJECTED
 from horizon.policies import policy_names
 from horizon.scheduler_config import SchedulerConfig
+from horizon.workload.builder import fresh_copy
 
 
 def test_random_workloads_keep_every_invariant_and_both_modes_agree(scale):
@@ -44,17 +45,7 @@ def test_random_workloads_keep_every_invariant_and_both_modes_agree(scale):
                 enable_prefix_caching=prefix,
                 step_mode=mode,
             )
-            fresh = [
-                r.__class__(
-                    r.request_id,
-                    r.arrival_time,
-                    r.num_prompt_tokens,
-                    r.max_output_tokens,
-                    r.true_output_tokens,
-                    prompt_token_ids=r.prompt_token_ids,
-                )
-                for r in reqs
-            ]
+            fresh = [fresh_copy(r) for r in reqs]
             sched, rec, ops = drive(fresh, cfg, policy)
             total += ops
             rec.check()
