@@ -74,7 +74,9 @@ class PhysicalCostModel:
             raise ValueError("PhysicalCostModel.coef must be >= 0")
 
     @classmethod
-    def fit(cls, rows: np.ndarray, model: str = "qwen2.5-7b", buckets: Buckets = Buckets()):  # noqa: ANN206
+    def fit(  # noqa: ANN206
+        cls, rows: np.ndarray, model: str = "qwen2.5-7b", buckets: Buckets = Buckets()
+    ):
         """Fit to ``STEP_COLUMNS`` rows (steps without a token ignored). Raises ValueError for
         fewer than 20 such rows."""
         rows = rows[(rows[:, 0] + rows[:, 1]) > 0]
