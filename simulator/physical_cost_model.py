@@ -31,6 +31,7 @@ from horizon.plan import StepPlan
 from horizon.step_buckets import bucket_of
 from simulator.engine_cost_model import Buckets, _fit_mape
 
+DEFAULT_BUCKETS = Buckets()
 TERMS = (
     "decode_graph",
     "mixed_graph",
@@ -63,7 +64,7 @@ class PhysicalCostModel:
 
     coef: tuple[float, ...]
     kv_bytes_per_token: int
-    buckets: Buckets = Buckets()
+    buckets: Buckets = DEFAULT_BUCKETS
 
     def __post_init__(self) -> None:
         if len(self.coef) != len(TERMS):
@@ -75,7 +76,7 @@ class PhysicalCostModel:
 
     @classmethod
     def fit(  # noqa: ANN206
-        cls, rows: np.ndarray, model: str = "qwen2.5-7b", buckets: Buckets = Buckets()
+        cls, rows: np.ndarray, model: str = "qwen2.5-7b", buckets: Buckets = DEFAULT_BUCKETS
     ):
         """Fit to ``STEP_COLUMNS`` rows (steps without a token ignored). Raises ValueError for
         fewer than 20 such rows."""
