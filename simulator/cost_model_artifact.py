@@ -12,6 +12,10 @@ uses it when that digest matches, and otherwise fits and writes it again (atomic
 parallel sweep workers never read half a file). Coefficients are stored as JSON floats, which
 round-trip exactly: a loaded model times every plan as the freshly fitted one does. A run's
 summary records both files and their digests (``EngineCostModel.provenance``).
+
+The physical model (``simulator.physical_cost_model``) is kept the same way, in
+``<name>.physical.fit.json`` (``load_physical``): its fit also depends on the model shape,
+which the artifact names.
 """
 
 from __future__ import annotations
@@ -24,15 +28,23 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 from simulator.engine_cost_model import Buckets, EngineCostModel, read_steps
+from simulator.physical_cost_model import PhysicalCostModel
 
 FORMAT = "horizon-engine-cost-fit"
 VERSION = 1
+PHYSICAL_FORMAT = "horizon-physical-cost-fit"
 
 
 def fit_path(calibration: str | Path) -> Path:
     """Where the fit of ``calibration`` lives: ``<name>.fit.json`` beside it."""
     p = Path(calibration)
     return p.with_name(p.name.removesuffix(".gz").removesuffix(".csv") + ".fit.json")
+
+
+def physical_fit_path(calibration: str | Path) -> Path:
+    """Where the physical model's fit of ``calibration`` lives: ``<name>.physical.fit.json``."""
+    p = fit_path(calibration)
+    return p.with_name(p.name.removesuffix(".fit.json") + ".physical.fit.json")
 
 
 def sha256_of(path: str | Path) -> str:
@@ -100,8 +112,74 @@ def _write(artifact: Path, model: EngineCostModel, source: str, digest: str) -> 
         "knee": model.knee,
         "meta": model.meta,
     }
+    _write_doc(artifact, doc)
+
+
+def _write_doc(artifact: Path, doc: dict) -> None:
+    """``doc`` as ``artifact``, written whole then renamed (parallel readers never see half)."""
     fd, tmp = tempfile.mkstemp(dir=artifact.parent, prefix=artifact.name, suffix=".tmp")
     with os.fdopen(fd, "w") as f:
         f.write(json.dumps(doc, indent=1, sort_keys=True) + "\n")
     os.chmod(tmp, 0o644)  # mkstemp's 0600 would keep the artifact from other users
     os.replace(tmp, artifact)
+
+
+def load_physical(calibration: str | Path, model: str) -> PhysicalCostModel:
+    """``PhysicalCostModel`` fitted to ``calibration`` for the shape ``model``, from its
+    artifact (``physical_fit_path``) if that names this file's bytes and this shape, else
+    fitted now (and the artifact written).
+
+    Raises:
+        ValueError: the calibration file is missing or malformed (the message names it).
+    """
+    calibration = Path(calibration)
+    if not calibration.exists():
+        read_steps(calibration)  # its ValueError names the file and what to do
+    digest = sha256_of(calibration)
+    artifact = physical_fit_path(calibration)
+    found = _read_physical(artifact, digest, model)
+    if found is None:
+        found = PhysicalCostModel.from_file(calibration, model)
+        doc = {
+            "format": PHYSICAL_FORMAT,
+            "version": VERSION,
+            "calibration": calibration.name,
+            "calibration_sha256": digest,
+            "model": model,
+            "coef": list(found.coef),
+            "kv_bytes_per_token": found.kv_bytes_per_token,
+            "buckets": asdict(found.buckets),
+            "meta": found.meta,
+        }
+        _write_doc(artifact, doc)
+    provenance = {
+        "calibration": str(calibration),
+        "calibration_sha256": digest,
+        "fit": str(artifact),
+        "fit_sha256": sha256_of(artifact),
+    }
+    return replace(found, provenance=provenance)
+
+
+def _read_physical(artifact: Path, digest: str, model: str) -> PhysicalCostModel | None:
+    """The model in ``artifact`` if it was fitted to the bytes of ``digest`` for ``model``."""
+    if not artifact.exists():
+        return None
+    try:
+        doc = json.loads(artifact.read_text())
+    except json.JSONDecodeError:
+        return None  # a damaged artifact is fitted again
+    want = (PHYSICAL_FORMAT, VERSION, digest, model)
+    if (
+        doc.get("format"),
+        doc.get("version"),
+        doc.get("calibration_sha256"),
+        doc.get("model"),
+    ) != want:
+        return None
+    return PhysicalCostModel(
+        coef=tuple(doc["coef"]),
+        kv_bytes_per_token=doc["kv_bytes_per_token"],
+        buckets=Buckets(**doc["buckets"]),
+        meta=doc["meta"],
+    )

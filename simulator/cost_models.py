@@ -1,4 +1,5 @@
-"""Cost models by name: roofline, fitted (profiler grid), engine_fitted (online steps)."""
+"""Cost models by name: roofline, fitted (profiler grid), engine_fitted and physical (online
+steps)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from pathlib import Path
 from horizon.model_shape import ModelShape
 from horizon.registry import Registry
 from simulator.cost_model import CostModel, RooflineCostModel
-from simulator.cost_model_artifact import load_fitted
+from simulator.cost_model_artifact import load_fitted, load_physical
 from simulator.fitted_cost_model import FittedCostModel
 from simulator.gpu import GpuSpec
 
@@ -29,7 +30,21 @@ def _builtin() -> Registry[CostModel]:
     reg.register("roofline", RooflineCostModel)
     reg.register("fitted", _fitted)
     reg.register("engine_fitted", _engine_fitted)
+    reg.register("physical", physical)
     return reg
+
+
+def physical(shape: ModelShape, gpu: GpuSpec, path: str) -> CostModel:
+    """``physical``: ``simulator.physical_cost_model.PhysicalCostModel`` fitted to an engine's
+    online steps (the file ``engine_fitted`` reads), measured on ``gpu`` for ``shape``
+    (checked); fitted once per file and shape (``cost_model_artifact.load_physical``). Also
+    reachable as ``simulator.cost_models.physical`` (an import path, hydra's ``_target_``)."""
+    model = load_physical(shipped(path), shape.name)
+    for key, want in (("model", shape.name), ("gpu", gpu.name)):
+        got = str(model.meta.get(key, ""))
+        if got and want not in got:
+            raise ValueError(f"{path} was measured with {key} {got}, not {want}")
+    return model
 
 
 def _engine_fitted(

@@ -16,20 +16,25 @@ One regime for every step::
 * ``attention_pairs``: the prefill chunks' query x key pairs (attention FLOPs);
 * ``requests`` (decodes + chunks), ``refreshed``: host work per request.
 
-Every coefficient is >= 0: each term is work. Built with ``fit``; rows are
-``simulator.engine_cost_model.STEP_COLUMNS``.
+Every coefficient is >= 0: each term is work. Built with ``fit`` (rows are
+``simulator.engine_cost_model.STEP_COLUMNS``) or ``from_file`` (a calibration file of
+``write_steps``); the simulator's ``physical`` cost model loads it fitted once per file
+(``simulator.cost_model_artifact.load_physical``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import functools
+import math
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 import numpy as np
 
 from horizon.model_shape import model_shape
 from horizon.plan import StepPlan
 from horizon.step_buckets import bucket_of
-from simulator.engine_cost_model import Buckets, _fit_mape
+from simulator.engine_cost_model import Buckets, _fit_mape, read_steps
 
 DEFAULT_BUCKETS = Buckets()
 TERMS = (
@@ -60,11 +65,18 @@ def physical_features(rows: np.ndarray, buckets: Buckets, kv_bytes_per_token: in
 
 @dataclass(frozen=True)
 class PhysicalCostModel:
-    """``step_time(plan)`` from physical features; build with ``fit``."""
+    """``step_time(plan)`` from physical features; build with ``fit`` or ``from_file``.
+
+    ``coef``: seconds per unit of each of ``TERMS`` (all >= 0); ``kv_bytes_per_token``: the
+    model shape's, which turns context tokens into bytes read.
+    """
 
     coef: tuple[float, ...]
     kv_bytes_per_token: int
     buckets: Buckets = DEFAULT_BUCKETS
+    meta: dict = field(default_factory=dict, compare=False)
+    # where it came from (``simulator.cost_model_artifact``): files and their SHA-256
+    provenance: dict | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if len(self.coef) != len(TERMS):
@@ -76,47 +88,68 @@ class PhysicalCostModel:
 
     @classmethod
     def fit(  # noqa: ANN206
-        cls, rows: np.ndarray, model: str = "qwen2.5-7b", buckets: Buckets = DEFAULT_BUCKETS
+        cls,
+        rows: np.ndarray,
+        model: str = "qwen2.5-7b",
+        buckets: Buckets = DEFAULT_BUCKETS,
+        meta: dict | None = None,
     ):
-        """Fit to ``STEP_COLUMNS`` rows (steps without a token ignored). Raises ValueError for
-        fewer than 20 such rows."""
+        """Fit to ``STEP_COLUMNS`` rows (steps without a token ignored) of the shape ``model``.
+        Raises ValueError for fewer than 20 such rows."""
         rows = rows[(rows[:, 0] + rows[:, 1]) > 0]
         if len(rows) < 20:
             raise ValueError(f"PhysicalCostModel.fit needs >= 20 steps, got {len(rows)}")
         kvb = model_shape(model).kv_bytes_per_token()
         x = physical_features(rows, buckets, kvb)
         coef = _fit_mape(x, rows[:, -1], nonneg=True)
-        return cls(tuple(float(c) for c in np.maximum(coef, 0.0)), kvb, buckets)
+        return cls(tuple(float(c) for c in np.maximum(coef, 0.0)), kvb, buckets, dict(meta or {}))
+
+    @classmethod
+    def from_file(cls, path: str | Path, model: str) -> PhysicalCostModel:
+        """Fit to a calibration file of ``write_steps`` (its sidecar JSON gives the buckets)
+        measured on the shape ``model``. Raises ValueError for a missing or malformed file."""
+        rows, meta = read_steps(path)
+        b = meta.get("buckets", {})
+        return cls.fit(rows, model, Buckets(**b) if b else DEFAULT_BUCKETS, meta)
 
     @property
     def max_num_seqs(self) -> int:
         return self.buckets.max_num_seqs
+
+    def scaled(self, factor: float) -> PhysicalCostModel:
+        """This model with every step ``factor`` times as long (a uniform bias)."""
+        if not (math.isfinite(factor) and factor > 0):
+            raise ValueError(f"scale factor must be finite and > 0, got {factor!r}")
+        return replace(self, coef=tuple(c * factor for c in self.coef))
 
     def predict_rows(self, rows: np.ndarray) -> np.ndarray:
         x = physical_features(rows, self.buckets, self.kv_bytes_per_token)
         return np.maximum(x @ np.array(self.coef), 1e-6)
 
     def step_time(self, plan: StepPlan) -> float:
+        """The step's seconds: ``predict_rows`` of its row, in scalar arithmetic (the
+        simulator calls this once per step)."""
         d, p = len(plan.decodes), plan.num_prefill_tokens
         if p == 0 and d == 0:
             return 0.0
-        row = np.array(
-            [
-                [
-                    p,
-                    d,
-                    plan.decode_context_tokens,
-                    plan.prefill_context_tokens,
-                    plan.prefill_attention_pairs,
-                    len(plan.prefills),
-                    plan.num_refreshed,
-                    1.0 if plan.preempted else 0.0,
-                    0.0,
-                ]
-            ],
-            dtype=np.float64,
-        )
-        return float(self.predict_rows(row)[0])
+        c = self.coef
+        if p > 0:
+            t = c[1] + c[2] * bucket_of(p + d, self._mixed)
+        else:
+            t = c[0] + c[2] * bucket_of(d, self._decode)
+        ctx = plan.decode_context_tokens + plan.prefill_context_tokens
+        t += c[3] * (ctx * self.kv_bytes_per_token / 1e9) + c[4] * plan.prefill_attention_pairs
+        t += c[5] * (d + len(plan.prefills)) + c[6] * plan.num_refreshed
+        t += c[7] if plan.preempted else 0.0
+        return max(t, 1e-6)
+
+    @functools.cached_property
+    def _decode(self) -> tuple[int, ...]:
+        return self.buckets.decode
+
+    @functools.cached_property
+    def _mixed(self) -> tuple[int, ...]:
+        return self.buckets.mixed
 
     def report(self) -> dict:
         return dict(zip(TERMS, self.coef))
