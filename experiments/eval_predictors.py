@@ -35,6 +35,7 @@ import numpy as np
 import yaml
 from tqdm import tqdm
 
+from experiments.figure_style import save
 from horizon.workload import load_sharegpt, tokenize_corpus
 from predictors import make_predictor
 from predictors.dataset import RequestSplit, SplitConfig, split_by_conversation, split_requests
@@ -107,7 +108,7 @@ def plot(rows: dict[str, dict], out_dir: Path) -> list[str]:
                title=f"Calibration, {kind} length", xlim=(0, 1), ylim=(0, 1))  # fmt: skip
         ax.legend(fontsize=8)
         path = out_dir / f"calibration_{kind}.png"
-        fig.savefig(path, dpi=120, bbox_inches="tight")
+        save(fig, path, dpi=120, tight=True)
         plt.close(fig)
         written.append(str(path))
     fig, ax = plt.subplots(figsize=(6, 4))
@@ -122,7 +123,7 @@ def plot(rows: dict[str, dict], out_dir: Path) -> list[str]:
            title="Remaining-length error vs progress")  # fmt: skip
     ax.legend()
     path = out_dir / "mae_remaining_vs_g.png"
-    fig.savefig(path, dpi=120, bbox_inches="tight")
+    save(fig, path, dpi=120, tight=True)
     plt.close(fig)
     written.append(str(path))
     return written

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from experiments.figure_style import save
 from experiments.report_template import seeds_by_requests, slo_text
 
 PANELS = (  # (run key, panel title, y label, scale)
@@ -44,7 +45,7 @@ def write_plots(doc: dict, out: Path) -> list[Path]:
         axes[0].legend(fontsize=7)
         fig.suptitle(title(doc, workload), fontsize=10)
         fig.tight_layout()
-        fig.savefig(out / name, dpi=110)
+        save(fig, out / name, dpi=110)
         plt.close(fig)
         paths.append(out / name)
     return paths
