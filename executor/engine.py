@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from executor.drafter import make_drafter
 from executor.engine_backend import EngineBackend
 from executor.kernels import allocate_kv_cache
 from executor.model import CausalLM
@@ -40,6 +41,7 @@ from horizon.request import Request
 from horizon.scheduler import Scheduler
 from horizon.scheduler_config import SchedulerConfig
 from horizon.serving_loop import serve
+from horizon.speculation import SpeculationConfig
 from horizon.wall_clock import ListArrivals, WallClock, run_wall_clock
 
 STOP_RULES = ("trace", "eos")
@@ -69,6 +71,11 @@ class EngineConfig:
             whose stopping needs no token values. None: on with it. A step's recorded start is
             when it was planned (possibly before the previous step's end), its end when the
             host has its tokens; ``RunRecords.step_durations`` gives each step's own time.
+        speculation: speculative decoding (``horizon.speculation.SpeculationConfig``, the
+            scheduler's: which policy decides each request's draft count); None: off. A mapping
+            is read as one. Runs serially (``async_steps`` must not be True; None means off).
+        drafter: who proposes the drafts (``executor.drafter``: ``ngram``, or
+            ``package.module:Class``), built once per engine with ``drafter_options``.
         seed: run seed of sampling (request ``r`` draws with ``seed * 1_000_003 + r + 1`` when its
             params leave the seed at 0) and of
             synthetic prompt ids for requests that carry none.
@@ -89,8 +96,18 @@ class EngineConfig:
     graph_batch_sizes: tuple[int, ...] = GRAPH_BATCH_SIZES
     async_steps: bool | None = None
     seed: int = 0
+    speculation: SpeculationConfig | None = None
+    drafter: str = "ngram"
+    drafter_options: tuple[tuple[str, object], ...] = ()
 
     def __post_init__(self) -> None:
+        if isinstance(self.speculation, dict):
+            object.__setattr__(self, "speculation", SpeculationConfig(**self.speculation))
+        if self.speculation is not None and self.async_steps:
+            raise ValueError(
+                "EngineConfig.async_steps must be off with speculation: the next plan depends on "
+                "the drafts accepted in this one"
+            )
         if self.num_blocks is not None and (
             not isinstance(self.num_blocks, int) or self.num_blocks < 1
         ):
@@ -114,6 +131,8 @@ class EngineConfig:
     @property
     def pipelined(self) -> bool:
         """Whether runs submit a step before reading the previous one's tokens."""
+        if self.speculation is not None:
+            return False
         return self.stop == "trace" if self.async_steps is None else self.async_steps
 
     def scheduler_config(self, num_blocks: int) -> SchedulerConfig:
@@ -125,6 +144,7 @@ class EngineConfig:
             max_model_len=self.max_model_len,
             enable_prefix_caching=self.enable_prefix_caching,
             step_mode=self.step_mode,
+            speculation=self.speculation,
         )
 
 
@@ -212,6 +232,9 @@ class Engine:
             graph_batch_sizes=config.graph_batch_sizes,
             prompt_of=self._prompt_of,
             sampling_of=self._sampling_of,
+            drafter=None
+            if config.speculation is None
+            else make_drafter(config.drafter, **dict(config.drafter_options)),
         )
         self._eos = frozenset(c.eos_token_ids)
         self.outputs: dict[int, list[int]] = {}

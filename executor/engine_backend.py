@@ -6,6 +6,12 @@ returns at once with the requests it finishes (the trace's stopping rule needs n
 values), and ``wait`` reads its tokens, releases its finished requests and takes its end time;
 a plan that preempts, or an empty one, first retires the step in flight (``drains_before``:
 the runner may not move a row with a token in flight).
+
+Speculative decoding (a plan's ``verifies``): serial only, as the next plan depends on how many
+drafts were accepted. Each verifying request may emit at most the stopping rule's tokens left
+(the trace's ``true_output_tokens``, or ``max_output_tokens``; with ``stop="eos"`` it also ends
+at an end-of-sequence token), and ``StepResult.accepted`` is what it emitted minus one;
+``token_ids`` holds its last emitted token.
 """
 
 from __future__ import annotations
@@ -52,6 +58,8 @@ class EngineBackend:
     def execute(self, plan: StepPlan) -> StepResult:
         """Run the plan; apply the stopping rule; measure the step."""
         t0 = time.perf_counter()
+        if plan.verifies:
+            return self._speculative(plan, t0)
         out = self.runner.execute(plan, self.sched.kv.blocks_of)
         if self.stop == "trace":
             finished = self._trace_stop.finished(plan)
@@ -62,10 +70,41 @@ class EngineBackend:
         token_ids = dict(zip(out.request_ids, out.tokens))
         return StepResult(time.perf_counter() - t0, tuple(finished), token_ids)
 
+    def _speculative(self, plan: StepPlan, t0: float) -> StepResult:
+        """A step that verifies drafts: emit limits from the stopping rule, accepted counts
+        from the runner."""
+        trace = self.stop == "trace"
+        limits = [
+            (r.true_output_tokens if trace else r.max_output_tokens) - r.num_output_tokens
+            for r, _ in plan.verifies
+        ]
+        stop_ids = frozenset() if trace else self._eos
+        out = self.runner.execute(
+            plan, self.sched.kv.blocks_of, emit_limits=limits, stop_ids=stop_ids
+        )
+        assert out.accepted is not None and out.verified is not None
+        if trace:
+            finished = self._trace_stop.finished(plan, out.accepted)
+        else:
+            finished = self._finish_eos(out.requests, out.tokens)
+            for (r, _), tokens in zip(plan.verifies, out.verified):
+                n = r.num_output_tokens + len(tokens)
+                if tokens[-1] in self._eos or n == r.max_output_tokens:
+                    finished.append(r)
+        for r in finished:
+            self.outputs[r.request_id] = self.runner.release(r)
+        token_ids = dict(zip(out.request_ids, out.tokens))
+        for (r, _), tokens in zip(plan.verifies, out.verified):
+            token_ids[r.request_id] = tokens[-1]
+        duration = time.perf_counter() - t0
+        return StepResult(duration, tuple(finished), token_ids, accepted=tuple(out.accepted))
+
     def drains_before(self, plan: StepPlan) -> bool:
         return bool(plan.preempted) or plan.is_empty
 
     def submit(self, plan: StepPlan) -> InFlight:
+        if plan.verifies:
+            raise ValueError("EngineBackend: speculative decoding runs serially (pipelined=False)")
         pending = self.runner.submit(plan, self.sched.kv.blocks_of)
         finished = tuple(self._trace_stop.finished(plan))
         return InFlight(plan, StepResult(math.nan, finished), token=pending)

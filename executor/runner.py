@@ -49,7 +49,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from executor import verify
 from executor.attention import PagedAttention
+from executor.drafter import Drafter
 from executor.kernels.tiling import decode_num_splits
 from executor.model import CausalLM
 from executor.sampling import SamplingBatch, SamplingParams, sample
@@ -74,6 +76,9 @@ class StepOutput:
             (a graph's static output on the GPU: overwritten by the next step; copy to keep).
         all_logits: ``[num_tokens, vocab]`` fp32 logits of every token of the flat batch, only
             when ``execute(..., all_logits=True)``.
+        verified: the tokens each of the plan's ``verifies`` emitted (its accepted drafts and
+            one of the target's, cut to its emit limit / a stop id), in plan order.
+        accepted: ``len(verified[j]) - 1`` each: ``StepResult.accepted``.
     """
 
     requests: list[Request]
@@ -81,6 +86,8 @@ class StepOutput:
     request_ids: list[int]
     logits: torch.Tensor | None = None
     all_logits: torch.Tensor | None = None
+    verified: list[list[int]] | None = None
+    accepted: list[int] | None = None
 
 
 class _Seq:
@@ -157,12 +164,28 @@ class _Staging:
 class _Pending:
     """A submitted step whose tokens are still on their way to the host."""
 
-    __slots__ = ("emitters", "rids", "rows", "m", "host", "event", "commit", "logits", "all_logits")
+    __slots__ = (
+        "emitters", "rids", "rows", "m", "host", "event", "commit", "logits", "all_logits",
+        "verify",
+    )  # fmt: skip
 
     def __init__(self, emitters, rids, rows, m, host, event, commit, logits, all_logits) -> None:  # noqa: ANN001
         self.emitters, self.rids, self.rows, self.m = emitters, rids, rows, m
         self.host, self.event, self.commit = host, event, commit
         self.logits, self.all_logits = logits, all_logits
+        self.verify: _Verifies | None = None
+
+
+class _Verifies:
+    """A step's verifications: rows, drafts, emit limits, the judgement's host copy."""
+
+    __slots__ = ("requests", "rows", "starts", "drafts", "limits", "stop_ids", "host", "n")
+
+    def __init__(self, requests, rows, starts, drafts, limits, stop_ids) -> None:  # noqa: ANN001
+        self.requests, self.rows, self.starts = requests, rows, starts
+        self.drafts, self.limits, self.stop_ids = drafts, limits, stop_ids
+        self.host: np.ndarray | None = None  # [2, n]: accept, alt
+        self.n = sum(len(d) + 1 for d in drafts)  # query rows
 
 
 class ModelRunner:
@@ -186,6 +209,8 @@ class ModelRunner:
             RMSNorm, RoPE, SiLU; default: with the Triton backend), else ``model.forward``.
         prompt_of / sampling_of: a new request's prompt ids and sampling parameters (default:
             ``request.prompt_token_ids`` and greedy).
+        drafter: proposes the drafts of a plan's ``verifies`` (``executor.drafter``); needed
+            only for plans that verify (speculative decoding).
 
     Contracts:
         * ``execute`` reads the plan and the requests' counters as they were when the plan was
@@ -194,6 +219,13 @@ class ModelRunner:
         * With ``commit=True`` (default) each emitted token is appended to its request's history.
         * ``release(request)`` must be called when a request finishes; preempted requests (in a
           plan's ``preempted``) are handled by ``execute``.
+        * A plan's ``verifies`` (speculative decoding): each request's drafts come from the
+          drafter at submit (at most the plan's ``k``; fewer if it finds fewer, or if the
+          request's emit limit is lower), its ``m + 1`` query tokens (last token and drafts)
+          run in the same forward as the step's decodes and chunks, eagerly (no CUDA graph);
+          ``wait`` commits the emitted tokens (``StepOutput.verified``) and forgets the mirrored
+          blocks beyond them, as the scheduler's ``update`` trims them. Such a step needs
+          every earlier step read back (no step in flight) and is not pipelined.
     """
 
     def __init__(
@@ -212,8 +244,10 @@ class ModelRunner:
         prompt_of: Callable[[Request], Sequence[int]] | None = None,
         sampling_of: Callable[[Request], SamplingParams] | None = None,
         fused: bool | None = None,
+        drafter: Drafter | None = None,
     ) -> None:
         self.model = model
+        self.drafter = drafter
         self.device = kv_cache.device
         on_cuda = self.device.type == "cuda"
         self.backend = backend or ("triton" if on_cuda else "torch")
@@ -387,6 +421,21 @@ class ModelRunner:
         assert all(s.tokens is not None for s in self._seqs.values() if s.row < 0)
         assert self._num_sampled == sum(s.params.needs_sampler for s in self._seqs.values())
 
+    def check_against(self, requests: Sequence[Request], blocks_of: BlocksOf) -> None:
+        """With no step in flight, each of ``requests`` (running, per the scheduler) that holds
+        a row agrees with the scheduler: its history is ``num_tokens`` long and its mirrored
+        blocks are a prefix of its block table (what survives a trim of rejected drafts)."""
+        assert self._in_flight == 0, "check_against with a step in flight"
+        for r in requests:
+            s = self._seqs.get(r.request_id)
+            if s is None or s.row < 0:
+                continue
+            row, table = s.row, list(blocks_of(r))
+            assert self._len[row] == r.num_tokens, f"request {r.request_id}: history length"
+            k = int(self._nblk[row])
+            assert k <= len(table), f"request {r.request_id}: {k} mirrored of {len(table)} blocks"
+            assert self._bt_host[row, :k].tolist() == table[:k], f"request {r.request_id}: blocks"
+
     @property
     def num_sequences(self) -> int:
         return len(self._seqs)
@@ -440,14 +489,26 @@ class ModelRunner:
 
     # -- one step --------------------------------------------------------------------------------
     def execute(
-        self, plan: StepPlan, blocks_of: BlocksOf, commit: bool = True, all_logits: bool = False
+        self,
+        plan: StepPlan,
+        blocks_of: BlocksOf,
+        commit: bool = True,
+        all_logits: bool = False,
+        emit_limits: Sequence[int] | None = None,
+        stop_ids: frozenset[int] = frozenset(),
     ) -> StepOutput:
         """``wait(submit(...))``: run ``plan`` and read its tokens back."""
-        return self.wait(self.submit(plan, blocks_of, commit, all_logits))
+        return self.wait(self.submit(plan, blocks_of, commit, all_logits, emit_limits, stop_ids))
 
     @torch.no_grad()
     def submit(
-        self, plan: StepPlan, blocks_of: BlocksOf, commit: bool = True, all_logits: bool = False
+        self,
+        plan: StepPlan,
+        blocks_of: BlocksOf,
+        commit: bool = True,
+        all_logits: bool = False,
+        emit_limits: Sequence[int] | None = None,
+        stop_ids: frozenset[int] = frozenset(),
     ) -> _Pending:
         """Queue ``plan``'s step on the device and return without waiting for it; ``wait`` gives
         its tokens.
@@ -458,6 +519,9 @@ class ModelRunner:
             commit: append the tokens to the requests' histories (the profiler repeats a step
                 without committing).
             all_logits: also return fp32 logits of every token (eager path; for checks).
+            emit_limits: for the plan's ``verifies``, the most tokens each may emit (the
+                stopping rule's tokens left; default ``k + 1``); drafts beyond are not proposed.
+            stop_ids: a verifying request's emitted tokens end at the first of these.
 
         A decode's input token is read on the device from what the previous step sampled, so a
         step may be submitted while the one before it is in flight (one at most: ``wait`` for a
@@ -474,8 +538,15 @@ class ModelRunner:
             return _Pending([], [], None, 0, None, None, commit, None, None)
         self._s.flip()
         nd = len(plan.decodes)
-        bucket, mixed = (0, 0) if all_logits else self._padding(plan, nd)
-        emitters, rids, rows_e, num_tokens, num_seqs = self._prepare(plan, blocks_of, bucket, mixed)
+        ver = None
+        if plan.verifies:
+            assert self._in_flight == 0, "a step that verifies drafts with a step in flight"
+            ver = self._drafts(plan, emit_limits, stop_ids)
+            bucket = mixed = 0  # verification steps run eagerly
+        else:
+            bucket, mixed = (0, 0) if all_logits else self._padding(plan, nd)
+        staged = self._prepare(plan, blocks_of, bucket, mixed, ver)
+        emitters, rids, rows_e, num_tokens, num_seqs = staged
         self._s.upload()
         self._apply_updates()
         self._restore_stale()
@@ -486,7 +557,12 @@ class ModelRunner:
         elif mixed:
             logits, tokens = self._mixed_step(mixed, m)
         else:
-            logits, tokens, logits_all = self._eager(nd, num_tokens, num_seqs, m, all_logits)
+            v0 = num_tokens - ver.n if ver is not None else -1
+            logits, tokens, logits_all, vlogits = self._eager(
+                nd, num_tokens, num_seqs, m, all_logits, v0
+            )
+            if ver is not None:
+                judged = self._judge(ver, vlogits)
         if m and self._num_sampled:
             tokens = self._sample(rows_e, emitters, logits, m)
         if m and (not bucket or self._num_sampled):  # a decode graph wrote its greedy tokens
@@ -504,7 +580,11 @@ class ModelRunner:
             self._slen[rows_e] += 1
         self._in_flight += 1
         logits = None if logits is None else logits[:m]  # the emitters' rows
-        return _Pending(emitters, rids, rows_e, m, host.numpy(), event, commit, logits, logits_all)
+        step = _Pending(emitters, rids, rows_e, m, host.numpy(), event, commit, logits, logits_all)
+        if ver is not None:
+            ver.host = judged.cpu().numpy()  # a verification step is read back at once
+            step.verify = ver
+        return step
 
     def wait(self, step: _Pending) -> StepOutput:
         """Block until ``step``'s tokens are on the host; commit them (if submitted so)."""
@@ -519,7 +599,11 @@ class ModelRunner:
             rows = step.rows
             self._hist[rows, self._len[rows]] = tokens
             self._len[rows] += 1
-        return StepOutput(step.emitters, tokens.tolist(), step.rids, step.logits, step.all_logits)
+        out = StepOutput(step.emitters, tokens.tolist(), step.rids, step.logits, step.all_logits)
+        if step.verify is not None:
+            out.verified = self._verified(step.verify, step.commit)
+            out.accepted = [len(t) - 1 for t in out.verified]
+        return out
 
     def _restore_stale(self) -> None:
         """Rewrite the device's last token of rows the host changed (forced tokens, a step that
@@ -559,9 +643,9 @@ class ModelRunner:
                 return b
         raise AssertionError(f"a step of {n} tokens exceeds max_num_batched_tokens")
 
-    def _prepare(self, plan: StepPlan, blocks_of: BlocksOf, bucket: int, mixed: int = 0):  # noqa: ANN202
-        """Fill the host staging buffer. Returns the emitting requests, their ids and rows, and
-        the step's token and sequence counts."""
+    def _prepare(self, plan: StepPlan, blocks_of: BlocksOf, bucket: int, mixed: int = 0, ver=None):  # noqa: ANN001, ANN202
+        """Fill the host staging buffer (verifications, ``ver``, after the chunks). Returns the
+        emitting requests, their ids and rows, and the step's token and sequence counts."""
         self._upd_idx.clear()
         self._upd_val.clear()
         h = self._s.np
@@ -592,9 +676,14 @@ class ModelRunner:
             emitters += [plan.prefills[i][0] for i in e]
             rids = rids + [plan.prefills[i][0].request_id for i in e]
             rows_e = np.concatenate([rows_d, rows_p[e]])
+        tok_rows = rows_d if chunk is None else np.concatenate([rows_d, np.repeat(rows_p, q)])
+        if ver is not None:
+            v_rows = self._stage_verifies(ver, plan.verifies, blocks_of, num_tokens, num_seqs)
+            tok_rows = np.concatenate([tok_rows, v_rows])
+            num_tokens += ver.n
+            num_seqs += len(ver.rows)
         assert num_tokens <= self.max_num_batched_tokens and num_seqs <= self.max_num_seqs
         p = h["pos"][:num_tokens]
-        tok_rows = rows_d if chunk is None else np.concatenate([rows_d, np.repeat(rows_p, q)])
         bs = self.block_size
         h["slot"][:num_tokens] = self._bt_host[tok_rows, p // bs] * bs + p % bs
         h["erow"][: len(rows_e)] = rows_e
@@ -698,7 +787,9 @@ class ModelRunner:
             val = torch.tensor(self._upd_val, dtype=torch.int32).to(self.device)
         self._bt_flat[idx] = val
 
-    def _eager(self, nd: int, num_tokens: int, num_seqs: int, m: int, all_logits: bool):  # noqa: ANN202
+    def _eager(self, nd: int, num_tokens: int, num_seqs: int, m: int, all_logits: bool, v0=-1):  # noqa: ANN001, ANN202
+        """An eager step: the emitters' logits and greedy tokens, every token's fp32 logits
+        (``all_logits``), and fp32 logits of tokens ``v0:`` (the verifications'; ``v0 >= 0``)."""
         t, att = self._s.t, self.attention
         block_tables = self._bt_dev.index_select(0, t["rows"][:num_seqs])
         if nd == num_seqs:  # decode-only
@@ -715,14 +806,17 @@ class ModelRunner:
             )
         hidden = self._forward(self._input_ids(num_tokens), t["pos"][:num_tokens], att)
         logits_all = self.model.compute_logits(hidden) if all_logits else None
+        vlogits = None
+        if v0 >= 0:
+            vlogits = F.linear(hidden[v0:num_tokens], self.model.lm_head_weight).float()
         if m == 0:
-            return None, None, logits_all
+            return None, None, logits_all, vlogits
         rows = t["logit"][:m]
         if logits_all is not None:
             logits = logits_all.index_select(0, rows)
         else:
             logits = F.linear(hidden.index_select(0, rows), self.model.lm_head_weight)
-        return logits, logits.argmax(-1).to(torch.int32), logits_all
+        return logits, logits.argmax(-1).to(torch.int32), logits_all, vlogits
 
     def _input_ids(self, n: int) -> torch.Tensor:
         """The step's ``n`` input ids on the device: a decode's (``src`` >= 0) is its row's last
@@ -738,6 +832,90 @@ class ModelRunner:
         steps = (self._slen[rows] - np.array([s.num_prompt for s in seqs])).tolist()
         batch = SamplingBatch.from_params([s.params for s in seqs], steps, self.device)
         return sample(logits[:m].float(), batch).to(torch.int32)
+
+    # -- verification steps (speculative decoding) -----------------------------------------------
+    def _drafts(self, plan: StepPlan, limits: Sequence[int] | None, stop_ids) -> _Verifies:  # noqa: ANN001
+        """Each verifying request's row, first query position and drafts (the drafter's, at
+        most ``k`` and ``limit - 1``)."""
+        if self.drafter is None:
+            raise ValueError("ModelRunner.drafter: a plan verifies drafts but no drafter is set")
+        reqs = [r for r, _ in plan.verifies]
+        if limits is None:
+            limits = [k + 1 for _, k in plan.verifies]
+        seqs, hist = self._seqs, self._hist
+        rows, starts, histories, ks = [], [], [], []
+        for (r, k), limit in zip(plan.verifies, limits):
+            s = seqs[r.request_id]
+            row = s.row
+            assert row >= 0, f"request {r.request_id} verifies without a row"
+            length = int(self._len[row])
+            assert length == self._slen[row] == r.num_tokens == r.num_computed_tokens + 1, (
+                f"request {r.request_id}: history out of step with its verification"
+            )
+            rows.append(row)
+            starts.append(length - 1)
+            histories.append(hist[row, :length])
+            ks.append(max(0, min(k, limit - 1)))
+        proposals = self.drafter.propose_batch(histories, ks)
+        drafts = [np.asarray(d[:k], dtype=np.int64) for d, k in zip(proposals, ks)]
+        return _Verifies(reqs, rows, starts, drafts, limits, stop_ids)
+
+    def _stage_verifies(self, ver: _Verifies, verifies, blocks_of: BlocksOf, t0: int, s0: int):  # noqa: ANN001, ANN202
+        """Stage the verifications' query tokens from token ``t0`` and sequence ``s0`` on;
+        returns each token's row."""
+        h, hist = self._s.np, self._hist
+        q = np.array([len(d) + 1 for d in ver.drafts], dtype=np.int64)
+        rows = np.array(ver.rows, dtype=np.int64)
+        starts = np.array(ver.starts, dtype=np.int64)
+        for (r, _), row in zip(verifies, ver.rows):
+            table = blocks_of(r)
+            if len(table) != self._nblk[row]:
+                self._sync_row(row, table)
+        ids = []
+        for row, c, d in zip(ver.rows, ver.starts, ver.drafts):
+            ids.append(hist[row, c : c + 1])
+            ids.append(d)
+        t1, s1 = t0 + ver.n, s0 + len(rows)
+        ends = np.cumsum(q)
+        h["ids"][t0:t1] = np.concatenate(ids)
+        h["src"][t0:t1] = -1
+        h["pos"][t0:t1] = np.repeat(starts - (ends - q), q) + np.arange(ver.n)
+        h["ctx"][s0:s1] = starts + q
+        h["cu"][s0 + 1 : s1 + 1] = t0 + ends
+        h["rows"][s0:s1] = rows
+        return np.repeat(rows, q)
+
+    def _judge(self, ver: _Verifies, vlogits: torch.Tensor) -> torch.Tensor:
+        """``verify.judge`` on the query rows: ``[2, n]`` (accept, alt) on the device."""
+        nxt = torch.from_numpy(verify.next_drafts(ver.drafts)).to(self.device)
+        batch = None
+        seqs = [self._seqs[r.request_id] for r in ver.requests]
+        if any(s.params.needs_sampler for s in seqs):
+            params, steps = [], []
+            for s, row, d in zip(seqs, ver.rows, ver.drafts):
+                g = int(self._len[row]) - s.num_prompt
+                params += [s.params] * (len(d) + 1)
+                steps += range(g, g + len(d) + 1)
+            batch = SamplingBatch.from_params(params, steps, self.device)
+        accept, alt = verify.judge(vlogits, nxt, batch)
+        return torch.stack([accept, alt])
+
+    def _verified(self, ver: _Verifies, commit: bool) -> list[list[int]]:
+        """The emitted tokens of each verification; committed: appended to the rows' histories,
+        their device last token marked stale and their mirrored blocks cut to what the
+        scheduler keeps (``KVCacheManager.trim``: the blocks of the computed tokens)."""
+        out = verify.resolve(ver.host[0], ver.host[1], ver.drafts, ver.limits, ver.stop_ids)
+        if not commit:
+            return out
+        bs = self.block_size
+        for row, c, tokens in zip(ver.rows, ver.starts, out):
+            n, e = int(self._len[row]), len(tokens)
+            assert n + e <= self.max_model_len, f"row {row}: {n + e} tokens"
+            self._hist[row, n : n + e] = tokens
+            self._len[row] = self._slen[row] = n + e
+            self._nblk[row] = min(int(self._nblk[row]), -(-(c + e) // bs))
+            self._stale.add(row)
+        return out
 
     # -- decode-only steps: CUDA graphs ------------------------------------------------------------
     def _decode_forward(self, b: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -92,10 +92,7 @@ def replay_manifest(
     from experiments.fidelity_manifest import Manifest
 
     m = Manifest.load(path)
-    scheduler = dict(m.scheduler)
-    if scheduler.pop("speculation", None) is not None:  # a SchedulerConfig field since issue 21
-        raise ValueError(f"{path}: scheduler.speculation: the engine does not speculate yet")
-    config = EngineConfig(**scheduler)
+    config = EngineConfig(**m.scheduler)  # speculation: the n-gram drafter, serial steps
     engine = _engine(m.model, device, config)
     base = Path(path).parent
     for case in m.cases:

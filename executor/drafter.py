@@ -1,0 +1,97 @@
+"""Drafters: who proposes the draft tokens of a speculating request at execute time.
+
+The scheduler decides how many drafts ``k`` a request may verify in a step (``StepPlan.verifies``,
+``horizon.speculation``); the runner asks its drafter for them when it stages the step, from the
+request's token history (prompt + generated, its last token included). A drafter may propose
+fewer than ``k`` (none found): the request then verifies what was proposed (``m <= k`` drafts,
+``m + 1`` query tokens, at most ``m`` accepted), which the scheduler's contract allows
+(``StepResult.accepted`` is ``0..k``; the blocks for the unused drafts are trimmed by its update).
+
+A drafter is a registered name (``ngram``) or ``package.module:Class`` (``make_drafter``).
+A draft model plugs in through ``propose_batch``, which sees every verifying request of the
+step at once (one batched forward of a smaller decoder); the built-in n-gram drafter is
+model-free and loops over the requests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from horizon.registry import Registry
+
+
+class Drafter:
+    """Proposes draft tokens for verifying requests.
+
+    Contracts:
+        * ``propose(tokens, k)``: ``tokens`` is one request's history (int array, prompt +
+          generated, its last token last; read-only); returns at most ``k`` int tokens
+          (possibly none), the request's next tokens as the drafter guesses them.
+        * ``propose_batch`` gets the step's verifying requests' histories and ``k``s in plan
+          order and returns one proposal each (default: ``propose`` per request).
+        * Deterministic drafters only: acceptance treats a draft as drawn from a one-hot
+          distribution (``executor.verify``), so a drafter that samples its drafts would need
+          its probabilities passed to the verification, which this interface does not carry.
+        * A drafter keeps no per-request state across steps that the runner would have to
+          roll back on rejection (the history passed in is the accepted one).
+    """
+
+    name = "base"
+
+    def propose(self, tokens: np.ndarray, k: int) -> np.ndarray:
+        return np.zeros(0, dtype=np.int64)
+
+    def propose_batch(self, histories: Sequence[np.ndarray], ks: Sequence[int]) -> list[np.ndarray]:
+        return [self.propose(h, k) for h, k in zip(histories, ks)]
+
+
+class NgramDrafter(Drafter):
+    """Prompt lookup (vLLM's ``ngram`` proposer): match the history's last ``n`` tokens against
+    an earlier place in it, for ``n`` from ``max_n`` down to ``min_n``; at the first ``n`` that
+    matches, propose the up to ``k`` tokens that followed the earliest match.
+
+    Args:
+        min_n / max_n: n-gram lengths tried (``1 <= min_n <= max_n``).
+    """
+
+    name = "ngram"
+
+    def __init__(self, min_n: int = 1, max_n: int = 3) -> None:
+        for field, v in (("min_n", min_n), ("max_n", max_n)):
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"NgramDrafter.{field} must be an int >= 1, got {v!r}")
+        if min_n > max_n:
+            raise ValueError(f"NgramDrafter.min_n ({min_n}) must be <= max_n ({max_n})")
+        self.min_n, self.max_n = min_n, max_n
+
+    def propose(self, tokens: np.ndarray, k: int) -> np.ndarray:
+        n_len = len(tokens)
+        if k <= 0 or n_len < self.min_n + 1:
+            return tokens[:0]
+        # ends[e]: the n-gram ending at e (e < n_len - 1, so something follows it) equals the
+        # history's last n tokens, built up for n = 1, 2, ... with one comparison each
+        body = tokens[:-1]
+        ends = body == tokens[-1]
+        best = -1
+        for n in range(1, min(self.max_n, n_len - 1) + 1):
+            if n > 1:
+                ends[: n - 1] = False
+                ends[n - 1 :] &= body[: n_len - n] == tokens[-n]
+            if not ends.any():
+                break
+            if n >= self.min_n:
+                best = int(np.argmax(ends))  # earliest match of the longest n so far
+        if best < 0:
+            return tokens[:0]
+        return tokens[best + 1 : best + 1 + k]
+
+
+DRAFTERS: Registry[Drafter] = Registry("drafter")
+DRAFTERS.register("ngram", NgramDrafter)
+
+
+def make_drafter(name: str, **options: object) -> Drafter:
+    """The drafter ``name`` (registered, or ``package.module:Class``) built with ``options``."""
+    return DRAFTERS.make(name, **options)
