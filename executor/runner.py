@@ -222,7 +222,8 @@ class ModelRunner:
         * A plan's ``verifies`` (speculative decoding): each request's drafts come from the
           drafter at submit (at most the plan's ``k``; fewer if it finds fewer, or if the
           request's emit limit is lower), its ``m + 1`` query tokens (last token and drafts)
-          run in the same forward as the step's decodes and chunks, eagerly (no CUDA graph);
+          run in the same forward as the step's decodes and chunks, as a mixed step (replayed
+          from the mixed-step graph of its padded token count with ``mixed_graphs``);
           ``wait`` commits the emitted tokens (``StepOutput.verified``) and forgets the mirrored
           blocks beyond them, as the scheduler's ``update`` trims them. Such a step needs
           every earlier step read back (no step in flight) and is not pipelined.
@@ -542,9 +543,7 @@ class ModelRunner:
         if plan.verifies:
             assert self._in_flight == 0, "a step that verifies drafts with a step in flight"
             ver = self._drafts(plan, emit_limits, stop_ids)
-            bucket = mixed = 0  # verification steps run eagerly
-        else:
-            bucket, mixed = (0, 0) if all_logits else self._padding(plan, nd)
+        bucket, mixed = (0, 0) if all_logits else self._padding(plan, nd, ver)
         staged = self._prepare(plan, blocks_of, bucket, mixed, ver)
         emitters, rids, rows_e, num_tokens, num_seqs = staged
         self._s.upload()
@@ -552,17 +551,17 @@ class ModelRunner:
         self._restore_stale()
         m = len(emitters)
         logits_all = None
+        v0 = num_tokens - ver.n if ver is not None else -1  # the verifications' first token
         if bucket:
             logits, tokens = self._decode_step(bucket)
         elif mixed:
-            logits, tokens = self._mixed_step(mixed, m)
+            logits, tokens, vlogits = self._mixed_step(mixed, m, v0, num_tokens)
         else:
-            v0 = num_tokens - ver.n if ver is not None else -1
             logits, tokens, logits_all, vlogits = self._eager(
                 nd, num_tokens, num_seqs, m, all_logits, v0
             )
-            if ver is not None:
-                judged = self._judge(ver, vlogits)
+        if ver is not None:
+            judged = self._judge(ver, vlogits)
         if m and self._num_sampled:
             tokens = self._sample(rows_e, emitters, logits, m)
         if m and (not bucket or self._num_sampled):  # a decode graph wrote its greedy tokens
@@ -616,17 +615,18 @@ class ModelRunner:
         idx = torch.tensor(rows, dtype=torch.int64).to(self.device)
         self._last_tok[idx] = torch.from_numpy(last).to(self.device)
 
-    def _padding(self, plan: StepPlan, nd: int) -> tuple[int, int]:
-        """The decode bucket a decode-only step and the token bucket a mixed step is padded to
-        (0: not padded), capturing that size's graph on first use."""
+    def _padding(self, plan: StepPlan, nd: int, ver: _Verifies | None = None) -> tuple[int, int]:
+        """The decode bucket a decode-only step and the token bucket a mixed step (chunks or
+        verifications) is padded to (0: not padded), capturing that size's graph on first use."""
         bucket = mixed = 0
-        if not plan.prefills:
+        if not plan.prefills and ver is None:
             if self.pad_decodes:
                 bucket = self._bucket(nd)
                 if bucket and self.cuda_graphs and bucket not in self._graphs:
                     self._capture(bucket)
         elif self.pad_mixed:
-            mixed = self._mixed_bucket(nd + sum(n for _, n in plan.prefills))
+            extra = 0 if ver is None else ver.n
+            mixed = self._mixed_bucket(nd + sum(n for _, n in plan.prefills) + extra)
             if self.mixed_graphs and mixed not in self._mixed:
                 self._capture_mixed(mixed)
         return bucket, mixed
@@ -947,16 +947,21 @@ class ModelRunner:
         att.set_step(t["slot"][:tokens], block_tables, t["ctx"][:s], t["cu"][: s + 1])
         return self._forward(self._input_ids(tokens), t["pos"][:tokens], att)
 
-    def _mixed_step(self, tokens: int, m: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    def _mixed_step(self, tokens: int, m: int, v0: int = -1, v1: int = 0):  # noqa: ANN202
+        """A padded mixed step: the emitters' logits and greedy tokens, and fp32 logits of
+        tokens ``v0:v1`` (the verifications'; ``v0 >= 0``)."""
         if self.mixed_graphs:
             graph, hidden = self._mixed[tokens]
             graph.replay()
         else:
             hidden = self._mixed_forward(tokens)
+        vlogits = None
+        if v0 >= 0:
+            vlogits = F.linear(hidden[v0:v1], self.model.lm_head_weight).float()
         if m == 0:
-            return None, None
+            return None, None, vlogits
         logits = F.linear(hidden.index_select(0, self._s.t["logit"][:m]), self.model.lm_head_weight)
-        return logits, logits.argmax(-1).to(torch.int32)
+        return logits, logits.argmax(-1).to(torch.int32), vlogits
 
     def _capture_mixed(self, tokens: int) -> None:
         self._pad_mixed(0, tokens, 0)  # capture on padding only: no KV is written or read

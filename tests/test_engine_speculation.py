@@ -5,13 +5,19 @@ n-gram drafter; rejection sampling against the target distribution (chi-square).
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-from scipy.stats import chisquare
-from test_engine_offline import (
+
+if not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"  # must precede the kernel modules' import
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+from scipy.stats import chisquare  # noqa: E402
+from test_engine_offline import (  # noqa: E402
     OUTPUT_LENS,
     PROMPTS,
     dense_greedy,
@@ -21,17 +27,17 @@ from test_engine_offline import (
     one_thread,  # noqa: F401
 )
 
-from executor.drafter import Drafter, NgramDrafter, make_drafter
-from executor.engine import EngineConfig
-from executor.engine_backend import EngineBackend
-from executor.model import DenseKVCache
-from executor.model.testing import forward_prompts
-from executor.sampling import SamplingBatch, SamplingParams, sample
-from executor.verify import judge, next_drafts, resolve
-from horizon.policies.registry import make_policy
-from horizon.scheduler import Scheduler
-from horizon.speculation import SpeculationConfig
-from horizon.wall_clock import WallClock
+from executor.drafter import Drafter, NgramDrafter, make_drafter  # noqa: E402
+from executor.engine import EngineConfig  # noqa: E402
+from executor.engine_backend import EngineBackend  # noqa: E402
+from executor.model import DenseKVCache  # noqa: E402
+from executor.model.testing import forward_prompts  # noqa: E402
+from executor.sampling import SamplingBatch, SamplingParams, sample  # noqa: E402
+from executor.verify import judge, next_drafts, resolve  # noqa: E402
+from horizon.policies.registry import make_policy  # noqa: E402
+from horizon.scheduler import Scheduler  # noqa: E402
+from horizon.speculation import SpeculationConfig  # noqa: E402
+from horizon.wall_clock import WallClock  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -105,6 +111,40 @@ def test_greedy_outputs_identical_with_speculation(model, dense, plain_steps, k,
     mixed = rec.prefill_tokens > 0
     assert mixed.any()
     assert len(rec.step_durations()) < plain_steps
+
+
+def test_verifications_padded_as_mixed_graphs_give_the_same_tokens(model, dense):
+    """What a mixed-step graph replays for a verification step: its tokens padded to a token
+    bucket, its sequences to max_num_seqs (the CPU runs the padded step eagerly)."""
+    e = engine(model, speculation=_spec(3))
+    e.runner.pad_mixed = e.runner.pad_decodes = True
+    e.runner.drafter = OracleDrafter(PROMPTS, dense.values(), noise=0.3)
+    seen = []
+    real = e.runner._mixed_step
+
+    def spy(tokens, m, v0=-1, v1=0):  # noqa: ANN001, ANN202
+        seen.append((tokens, v1 - v0))
+        return real(tokens, m, v0, v1)
+
+    e.runner._mixed_step = spy
+    e.run_offline(make_requests())
+    assert e.outputs == dense
+    assert any(n > 0 and t > n for t, n in seen)  # verifications in padded mixed steps
+    assert e.scheduler.num_accepted > 0
+
+
+@pytest.mark.skipif(
+    os.environ.get("TRITON_INTERPRET") != "1", reason="interpreter check (GPU: spec_bench)"
+)
+def test_verifications_through_the_triton_kernels(model, dense):
+    """The Triton attention and fused kernels (interpreter) on verification steps."""
+    pytest.importorskip("triton")
+    e = engine(model, attention_backend="triton", cuda_graphs=False, speculation=_spec(3))
+    e.runner.pad_mixed = e.runner.pad_decodes = True
+    e.runner.drafter = OracleDrafter(PROMPTS, dense.values(), noise=0.3)
+    e.run_offline(make_requests(PROMPTS[:3], OUTPUT_LENS[:3]))
+    assert e.outputs == {i: dense[i] for i in range(3)}
+    assert e.scheduler.num_accepted > 0
 
 
 def test_greedy_identical_with_the_ngram_drafter_and_under_kv_pressure(model, dense):
