@@ -55,6 +55,7 @@ def main(argv: list[str] | None = None) -> None:
     tab.add_argument("dir", help="what run_serve.sh a (or c) brought back")
     tab.add_argument("--no-prefix-caching", action="store_true", help="the server ran so")
     tab.add_argument("--engine", default="process", choices=("process", "thread"))
+    tab.add_argument("--model", default="qwen2.5-7b", help="the model the server ran")
     cmp = sub.add_parser("compare")
     for q in (tab, cmp):
         q.add_argument("--out", default="results/serve_loadgen", help="the compact tables")
@@ -65,7 +66,9 @@ def main(argv: list[str] | None = None) -> None:
     from experiments.serve_loadgen_compare import compare, tabulate
 
     if args.cmd == "tabulate":
-        tabulate(Path(args.dir), Path(args.out), not args.no_prefix_caching, args.engine)
+        tabulate(
+            Path(args.dir), Path(args.out), not args.no_prefix_caching, args.engine, args.model
+        )
     else:
         compare(Path(args.out))
 

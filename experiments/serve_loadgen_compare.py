@@ -35,6 +35,20 @@ OUT = Path("results/serve_loadgen")
 SLO_7B = SLO(ttft=1.0, itl=0.05)
 CALIBRATION = Path("calibration/h200_qwen2.5-7b_online.csv.gz")
 DATA = Path("gpu_inputs/serve/sharegpt.jsonl")
+# what the server served, by model: its description, the calibration the simulator prices its
+# steps with (None: no cost model is fitted to that model, no simulator column) and the outputs
+MODELS = {
+    "qwen2.5-7b": (
+        "qwen2.5-7b shape (seeded random weights), Qwen BPE",
+        CALIBRATION,
+        "output lengths forced",
+    ),
+    "smollm2-135m-instruct": (
+        "SmolLM2-135M-Instruct (real weights from its GGUF file, its own BPE)",
+        None,
+        "output lengths forced: GuideLLM sends the reply lengths as max_tokens with ignore_eos",
+    ),
+}
 
 
 def _stats(ttft_s: np.ndarray, itl_s: np.ndarray, e2e_s: np.ndarray) -> dict:
@@ -148,10 +162,17 @@ def simulate(
 
 
 def tabulate(
-    run_dir: Path, out: Path = OUT, prefix_caching: bool = True, engine: str = "process"
+    run_dir: Path,
+    out: Path = OUT,
+    prefix_caching: bool = True,
+    engine: str = "process",
+    model: str = "qwen2.5-7b",
 ) -> None:
-    """The compact tables of a run directory (see the module docstring); ``prefix_caching``
-    and ``engine`` (process or thread) state how the server ran."""
+    """The compact tables of a run directory (see the module docstring); ``prefix_caching``,
+    ``engine`` (process or thread) and ``model`` (a key of ``MODELS``) state how the server
+    ran."""
+    if model not in MODELS:
+        raise ValueError(f"model: {model!r} is not one of {sorted(MODELS)}")
     rec = RunRecords.load_npz(str(run_dir / "records.npz"))
     zero = json.loads((run_dir / "records.json").read_text())["clock_zero_unix_s"]
     paths = sorted(run_dir.glob("guidellm_rate*.json"), key=lambda p: float(p.stem[13:]))
@@ -160,7 +181,7 @@ def tabulate(
     np.savez_compressed(out / "requests.npz", **per_request(rec),
                         num_kv_blocks=rec.num_kv_blocks, block_size=rec.block_size)  # fmt: skip
     g = {"clock_zero_unix_s": zero, "guidellm_version": docs[0]["metadata"]["guidellm_version"],
-         "server": {"prefix_caching": prefix_caching, "engine": engine},
+         "server": {"prefix_caching": prefix_caching, "engine": engine, "model": model},
          "benchmarks": [guidellm_rows(d["benchmarks"][0]) for d in docs]}  # fmt: skip
     (out / "guidellm.json").write_text(json.dumps(g, separators=(",", ":")) + "\n")
 
@@ -171,15 +192,25 @@ def compare(out: Path = OUT) -> dict:
     g = json.loads((out / "guidellm.json").read_text())
     nb, bs = int(z["num_kv_blocks"]), int(z["block_size"])
     caching = g["server"]["prefix_caching"]
-    sim = per_request(simulate(server, nb, bs, len(g["benchmarks"]), caching))
+    calibration = MODELS[g["server"].get("model", "qwen2.5-7b")][1]
+    sim = None
+    if calibration is not None:
+        sim = per_request(simulate(server, nb, bs, len(g["benchmarks"]), caching))
     rows = []
     for b in g["benchmarks"]:
         t0, t1 = b["start"] - g["clock_zero_unix_s"], b["end"] - g["clock_zero_unix_s"]
         sel = (server["arrival"] >= t0 - 0.5) & (server["arrival"] <= t1 + 0.5)
         cached = server["cached_tokens"][sel].sum() / server["prompt_tokens"][sel].sum()
-        rows.append({"rate": b["rate"], "client": client_side(b),
-                     "server": records_side(server, sel), "sim": records_side(sim, sel),
-                     "cached_share": float(cached)})  # fmt: skip
+        rows.append(
+            {
+                "rate": b["rate"],
+                "client": client_side(b),
+                "server": records_side(server, sel),
+                "cached_share": float(cached),
+            }
+        )
+        if sim is not None:
+            rows[-1]["sim"] = records_side(sim, sel)  # fmt: skip
     result = {"conditions": _conditions(nb, g), "rows": rows}
     (out / "loadgen.json").write_text(json.dumps(result, indent=1) + "\n")
     (out / "table.md").write_text(table(result))
@@ -192,15 +223,18 @@ def _conditions(num_blocks: int, g: dict) -> dict:
     per_rate = len(bench["ttft"]) + bench["errored"] + bench["incomplete"]
     engine = "its own process" if server["engine"] == "process" else "a thread of the server"
     caching = "on" if server["prefix_caching"] else "off"
+    model, calibration, outputs = MODELS[server.get("model", "qwen2.5-7b")]
+    sim = "none: no cost model is fitted to this model"
+    if calibration is not None:
+        sim = f"engine-fitted cost model ({calibration}), serial loop, the same arrivals"
     return {
-        "engine": "executor.serve, qwen2.5-7b shape (seeded random weights), Qwen BPE, fcfs, "
-        f"the engine in {engine}, prefix caching {caching}",
+        "engine": f"executor.serve, {model}, fcfs, the engine in {engine}, prefix caching "
+        f"{caching}",
         "num_blocks": num_blocks,
         "load_generator": f"GuideLLM {g['guidellm_version']}, openai_http, /v1/chat/completions,"
-        f" Poisson, seed 0, {per_rate} requests per rate, ShareGPT first turns (output lengths"
-        " forced)",
+        f" Poisson, seed 0, {per_rate} requests per rate, ShareGPT first turns ({outputs})",
         "slo": {"ttft_s": SLO_7B.ttft, "itl_s": SLO_7B.itl},
-        "simulator": f"engine-fitted cost model ({CALIBRATION}), serial loop, the same arrivals",
+        "simulator": sim,
     }
 
 
@@ -213,6 +247,8 @@ def table(result: dict) -> str:
     lines = []
     for r in result["rows"]:
         for side in ("client", "server", "sim"):
+            if side not in r:
+                continue
             s = r[side]
             every = f"{s['goodput_every_gap']:.3f}" if "goodput_every_gap" in s else "-"
             lines.append(
