@@ -181,9 +181,13 @@ class KVCacheManager:
             assert len(set(table)) == len(table), "block twice in one table"
             for b in table:
                 refs[b] = refs.get(b, 0) + 1
-        pool_refs = {b: r for b, r in enumerate(self.pool._ref) if r}
-        assert pool_refs == refs, "block ref counts differ from the tables holding them"
+        # the pool's non-zero ref counts are exactly ``refs``: as many, and each equal (no
+        # dict of a ~10^5-block pool; at a run's end the tables are empty)
         pool = self.pool
+        ref, n = pool._ref, pool.num_blocks
+        assert len(ref) - ref.count(0) == len(refs) and all(
+            0 <= b < n and ref[b] == c for b, c in refs.items()
+        ), "block ref counts differ from the tables holding them"
         for rid, n in self._drafts.items():
             tail = self._tables.get(rid)
             assert tail is not None and 0 < n <= len(tail), f"draft tail of {rid} not held"

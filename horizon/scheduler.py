@@ -34,11 +34,10 @@ from __future__ import annotations
 import heapq
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import replace
 
 from horizon.block_pool import BlockPool
 from horizon.kv_cache import KVCacheManager, KVView, ReservationLedger
-from horizon.plan import StepPlan, StepResult
+from horizon.plan import StepPlan, StepResult, new_plan
 from horizon.policies.base import Policy
 from horizon.policies.speculation import make_speculation_policy
 from horizon.recorder import Recorder
@@ -86,6 +85,48 @@ class Scheduler:
         * A request that can never run is rejected (reported in the next plan and the records),
           never dropped.
     """
+
+    # Slots: more instance attributes than CPython's shared-key instance dicts hold (30), whose
+    # attribute reads would then be dict lookups on every step's hot path.
+    __slots__ = (
+        "config",
+        "policy",
+        "pool",
+        "kv",
+        "ledger",
+        "running",
+        "clock",
+        "view",
+        "recorder",
+        "_event",
+        "_bs",
+        "_waiting",
+        "_seq",
+        "_admit_seq",
+        "_prefilling",
+        "_decoding",
+        "_decode_tuple",
+        "_ctx_base",
+        "_residue",
+        "_rejected",
+        "_last_plan_step",
+        "_now",
+        "queued_prefill_tokens",
+        "tokens_emitted",
+        "_handed",
+        "_new_handoffs",
+        "_importing",
+        "_ready",
+        "_aborting",
+        "_aborted",
+        "num_aborted",
+        "speculation",
+        "_speculating",
+        "_step_drafts",
+        "num_drafted",
+        "num_accepted",
+        "_verify_context",
+    )
 
     def __init__(self, config: SchedulerConfig, policy: Policy, recorder: Recorder | None = None):
         self.config = config
@@ -192,11 +233,10 @@ class Scheduler:
         if every and t % every == 0 and self.running:
             refreshed = len(self.running)
             self._refresh(now)
+        event, max_tokens = self._event, self.config.max_num_batched_tokens
         drafts = self._choose_drafts() if self.speculation is not None else None
         self._grow_decodes(t, preempted)
-        budget = self.config.max_num_batched_tokens - (
-            len(self._decoding) if self._event else self._count_decodes()
-        )
+        budget = max_tokens - (len(self._decoding) if event else self._count_decodes())
         verifies: list[tuple[Request, int]] | tuple[()] = ()
         if drafts:
             verifies = []
@@ -212,35 +252,44 @@ class Scheduler:
             prefills = [(r, n) for r, n in prefills if r.status is RequestStatus.RUNNING]
             if verifies:
                 verifies = [(r, k) for r, k in verifies if r.status is RequestStatus.RUNNING]
-        decodes = self._decodes()
-        if verifies and not self._event:
-            verifying = {r.request_id for r, _ in verifies}
-            decodes = tuple(r for r in decodes if r.request_id not in verifying)
-        rejected, self._rejected = tuple(self._rejected), []
+        if event:  # _decodes and _decode_context, inlined (once per step)
+            decodes = self._decode_tuple
+            if decodes is None:
+                decodes = self._decode_tuple = tuple(self._decoding.values())
+            decode_context = self._ctx_base + len(decodes) * t
+        else:
+            decodes = self._decodes()
+            if verifies:
+                verifying = {r.request_id for r, _ in verifies}
+                decodes = tuple(r for r in decodes if r.request_id not in verifying)
+            decode_context = sum(r.num_computed_tokens for r in decodes)
+        rejected = ()
+        if self._rejected:
+            rejected, self._rejected = tuple(self._rejected), []
         chunk_tokens = pairs = context = 0
         for r, n in prefills:
             c = r.num_computed_tokens
             chunk_tokens += n
             pairs += n * c + n * (n + 1) // 2
             context += c + n
-        plan = StepPlan(
-            step=t,
-            time=now,
-            decodes=decodes,
-            prefills=tuple(prefills),
-            preempted=tuple(preempted),
-            rejected=rejected,
-            num_prefill_tokens=chunk_tokens,
-            decode_context_tokens=self._decode_context(decodes, t),
-            prefill_attention_pairs=pairs,
-            prefill_context_tokens=context,
-            num_running=len(self.running),
-            num_waiting=self.num_waiting,
-            kv_used_blocks=self.pool.num_used,
-            token_budget=self.config.max_num_batched_tokens,
-            num_refreshed=refreshed,
+        return new_plan(
+            t,
+            now,
+            decodes,
+            tuple(prefills),
+            tuple(preempted) if preempted else (),
+            rejected,
+            chunk_tokens,
+            decode_context,
+            pairs,
+            context,
+            len(self.running),
+            len(self._waiting) + len(self._ready),  # num_waiting
+            self.pool.num_used,
+            max_tokens,
+            refreshed,
+            tuple(verifies) if verifies else (),
         )
-        return replace(plan, verifies=tuple(verifies)) if verifies else plan
 
     def _refresh(self, now: float) -> None:
         """Let the policy revise its estimates, then re-read running requests' reservations."""
@@ -540,32 +589,35 @@ class Scheduler:
         """Account the executed ``plan``: advance counters, emit tokens, finish requests."""
         t = plan.step
         assert t == self.clock.step == self._last_plan_step, "update() out of order"
-        rec = self.recorder
+        rec, event = self.recorder, self._event
         verifies = plan.verifies
         entered: list[Request] = []
-        for r, n in plan.prefills:
-            rec.compute(r, r.num_computed_tokens, n)
-            if r.advance(n):
-                rec.emit(r, t)
-                del self._prefilling[r.request_id]
-                entered.append(r)
-            self.kv.register_computed(r)
-            if r.handoff and r.num_tokens_to_compute == 1:
-                self._hand_off(r, now)
+        if plan.prefills:
+            register, prefilling = self.kv.register_computed, self._prefilling
+            for r, n in plan.prefills:
+                rec.compute(r, r.num_computed_tokens, n)
+                if r.advance(n):
+                    rec.emit(r, t)
+                    del prefilling[r.request_id]
+                    entered.append(r)
+                register(r)
+                if r.handoff and r.num_tokens_to_compute == 1:
+                    self._hand_off(r, now)
         self.queued_prefill_tokens -= plan.num_prefill_tokens
         self.tokens_emitted += len(plan.decodes) + len(entered)
         if verifies:
             self._verified(plan, result, t)
-        if not self._event:
+        if not event:
             for r in plan.decodes:
                 r.advance(1)
                 rec.decode(r, t)
         self.clock.step = t + 1
-        if self._event:
+        if entered and event:
             for r in entered:
                 self._enter_decode(r)
+        decoding = self._decoding
         for r in result.finished:
-            if self._event and r.request_id in self._decoding:
+            if event and r.request_id in decoding:
                 rec.close_run(r, t)
             self._remove_running(r)
             assert r.num_output_tokens <= r.max_output_tokens

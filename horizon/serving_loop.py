@@ -153,6 +153,7 @@ class _Loop:
                 t = yield from self._host_work(delay)
             woke = False
             plan = sched.schedule(t)
+            empty = plan.is_empty
             if not pipelined:
                 result = backend.execute(plan)
                 if advances and result.duration > 0:
@@ -172,7 +173,7 @@ class _Loop:
                     if flight.late_end:
                         sched.recorder.set_step_end(flight.plan.step, flight.end)
                 flight = step
-                if plan.is_empty:
+                if empty:
                     yield from self._retire(flight)
                     flight = None
                 t = now()
@@ -180,7 +181,7 @@ class _Loop:
                 after()
             if check_every and plan.step % check_every == 0:
                 self.check()
-            if plan.is_empty and not sched.running:  # nothing is admitted until an arrival
+            if empty and not sched.running:  # nothing is admitted until an arrival
                 stalled, slept = yield from self._until_admissible(t, end, plan.step)
                 if stalled is not None:
                     return stalled

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from horizon.plan import StepPlan, StepResult
+from horizon.plan import StepPlan, StepResult, new_result
 from horizon.serving_loop import Clock, InFlight
 from horizon.trace_stop import TraceStop
 from simulator.acceptance import AcceptanceModel
@@ -67,13 +67,7 @@ class SimBackend:
         if self.device is not None:
             now = self.clock.now()  # type: ignore[union-attr]
             duration = self.device.reserve(now, duration, plan, now, id(self)) - now
-        return StepResult(duration=duration, finished=tuple(finished))
-
-    def _price(self, plan: StepPlan) -> StepResult:
-        if plan.verifies:
-            return self._speculative(plan, serial=False)
-        finished = self._stop.finished(plan)
-        return StepResult(duration=self.cost_model.step_time(plan), finished=tuple(finished))
+        return new_result(duration, tuple(finished))
 
     def _speculative(self, plan: StepPlan, serial: bool) -> StepResult:
         """A plan that verifies drafts: accepted counts sampled, capped by the trace."""
@@ -85,7 +79,7 @@ class SimBackend:
         if serial and self.device is not None:
             now = self.clock.now()  # type: ignore[union-attr]
             duration = self.device.reserve(now, duration, plan, now, id(self)) - now
-        return StepResult(duration=duration, finished=tuple(finished), accepted=tuple(accepted))
+        return new_result(duration, tuple(finished), tuple(accepted))
 
     def host_delay(self, step: int, now: float, woke: bool) -> float:
         if self._wake_delay is None or not (woke or self.pipelined):
@@ -96,16 +90,23 @@ class SimBackend:
         return False  # the cost model prices a drain (its ``preempting`` term)
 
     def submit(self, plan: StepPlan) -> InFlight:
-        assert self.clock is not None, "a pipelined SimBackend needs the clock"
-        result = self._price(plan)
-        now = self.clock.now()
-        start = now if self._last_end is None else max(now, self._last_end)
+        clock = self.clock
+        assert clock is not None, "a pipelined SimBackend needs the clock"
+        if plan.verifies:
+            result = self._speculative(plan, serial=False)
+        else:  # priced: the step's duration, its finished requests under the trace's rule
+            finished = self._stop.finished(plan)
+            result = new_result(self.cost_model.step_time(plan), tuple(finished))
+        now = clock.now()
+        last = self._last_end
+        start = last if last is not None and last > now else now  # max(now, last)
         if self.device is None:
-            end = start + max(result.duration, 0.0)
+            d = result.duration
+            end = start + (0.0 if d < 0.0 else d)  # max(d, 0.0)
         else:
             end = self.device.reserve(start, result.duration, plan, now, id(self))
         self._last_end = None if plan.is_empty else end
-        return InFlight(plan, result, end=end, late_end=False)
+        return InFlight(plan, result, end, False)
 
     def wait(self, step: InFlight) -> Any:
         assert self.clock is not None and step.end is not None

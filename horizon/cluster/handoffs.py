@@ -74,6 +74,8 @@ class Handoffs:
         self.decode_views = tuple(v for v, r in zip(views, replicas) if r.role == "decode")
         if not self.decode_views:
             raise ValueError("Cluster: prefill replicas need at least one decode replica")
+        # each decode view with its replica's scheduler (a view's index never changes)
+        self._decoders = tuple((v, self.replicas[v.index].scheduler) for v in self.decode_views)
         self.pending: list[tuple[Request, int, float]] = []  # (request, src, ready)
         self.in_flight: dict[int, Transfer] = {}
         self.done: list[Transfer] = []
@@ -98,7 +100,7 @@ class Handoffs:
         can take now; returns the transfers started."""
         started, kept = [], []
         for r, src, ready in self.pending:
-            fits = [v for v in self.decode_views if self.replicas[v.index].scheduler.can_import(r)]
+            fits = [v for v, sched in self._decoders if sched.can_import(r)]
             if not fits:
                 kept.append((r, src, ready))
                 continue

@@ -126,7 +126,8 @@ class LiveView(ReplicaView):
 
     @property
     def load(self) -> int:
-        return self._sched.num_unfinished
+        s = self._sched  # Scheduler.num_unfinished, read here in one frame (every routing)
+        return len(s._waiting) + len(s._ready) + len(s.running)
 
     def prefix_hit_tokens(self, request: Request) -> int:
         if not self._caching:
