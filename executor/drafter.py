@@ -7,10 +7,11 @@ fewer than ``k`` (none found): the request then verifies what was proposed (``m 
 ``m + 1`` query tokens, at most ``m`` accepted), which the scheduler's contract allows
 (``StepResult.accepted`` is ``0..k``; the blocks for the unused drafts are trimmed by its update).
 
-A drafter is a registered name (``ngram``) or ``package.module:Class`` (``make_drafter``).
-A draft model plugs in through ``propose_batch``, which sees every verifying request of the
-step at once (one batched forward of a smaller decoder); the built-in n-gram drafter is
-model-free and loops over the requests.
+A drafter is a registered name (``ngram``, ``draft_model``) or ``package.module:Class``
+(``make_drafter``). A draft model plugs in through ``propose_batch``, which sees every
+verifying request of the step at once with its id (one batched forward of a smaller decoder,
+whose per-request state ``forget`` drops; ``executor.draft_model``); the built-in n-gram
+drafter is model-free, stateless, and loops over the requests.
 """
 
 from __future__ import annotations
@@ -29,13 +30,16 @@ class Drafter:
         * ``propose(tokens, k)``: ``tokens`` is one request's history (int array, prompt +
           generated, its last token last; read-only); returns at most ``k`` int tokens
           (possibly none), the request's next tokens as the drafter guesses them.
-        * ``propose_batch`` gets the step's verifying requests' histories and ``k``s in plan
-          order and returns one proposal each (default: ``propose`` per request).
+        * ``propose_batch`` gets the step's verifying requests' histories, ``k``s and ids in
+          plan order and returns one proposal each (default: ``propose`` per request).
+        * ``forget(request_id)``: the runner no longer holds the request (finished, aborted,
+          or a new run); a drafter with per-request state drops it.
         * Deterministic drafters only: acceptance treats a draft as drawn from a one-hot
           distribution (``executor.verify``), so a drafter that samples its drafts would need
           its probabilities passed to the verification, which this interface does not carry.
-        * A drafter keeps no per-request state across steps that the runner would have to
-          roll back on rejection (the history passed in is the accepted one).
+        * The runner rolls nothing back for a drafter: the history passed in is the accepted
+          one, and a drafter that keeps state (a draft model's cache) must check it against
+          that history (rejected drafts, a preemption's recompute).
     """
 
     name = "base"
@@ -43,8 +47,13 @@ class Drafter:
     def propose(self, tokens: np.ndarray, k: int) -> np.ndarray:
         return np.zeros(0, dtype=np.int64)
 
-    def propose_batch(self, histories: Sequence[np.ndarray], ks: Sequence[int]) -> list[np.ndarray]:
+    def propose_batch(
+        self, histories: Sequence[np.ndarray], ks: Sequence[int], request_ids: Sequence[int]
+    ) -> list[np.ndarray]:
         return [self.propose(h, k) for h, k in zip(histories, ks)]
+
+    def forget(self, request_id: int) -> None:
+        """Drop ``request_id``'s state (stateless: nothing)."""
 
 
 class NgramDrafter(Drafter):
@@ -88,8 +97,15 @@ class NgramDrafter(Drafter):
         return tokens[best + 1 : best + 1 + k]
 
 
+def _draft_model(**options: object) -> Drafter:
+    from executor.draft_model import DraftModelDrafter  # loads a model: only when asked for
+
+    return DraftModelDrafter(**options)  # type: ignore[arg-type]
+
+
 DRAFTERS: Registry[Drafter] = Registry("drafter")
 DRAFTERS.register("ngram", NgramDrafter)
+DRAFTERS.register("draft_model", _draft_model)
 
 
 def make_drafter(name: str, **options: object) -> Drafter:

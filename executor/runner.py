@@ -320,6 +320,8 @@ class ModelRunner:
         self._dec_rows = np.zeros(0, dtype=np.int64)
         self._dec_rids: list[int] = []
         self._num_sampled = 0  # sequences whose tokens are not the argmax (needs_sampler)
+        # speculation, this run: drafts the drafter proposed, and of them those accepted
+        self.num_proposed = self.num_accepted = 0
 
     def _init_graphs(
         self,
@@ -385,6 +387,8 @@ class ModelRunner:
         del self._seqs[request.request_id]
         self._free_row(s)
         self._num_sampled -= s.params.needs_sampler
+        if self.drafter is not None:
+            self.drafter.forget(request.request_id)
         return s.tokens[s.num_prompt :]
 
     def drop(self, request: Request) -> None:
@@ -395,10 +399,13 @@ class ModelRunner:
 
     def reset(self) -> None:
         """Forget every request (a new run); captured graphs are kept."""
-        for s in self._seqs.values():
+        for rid, s in self._seqs.items():
             self._free_row(s)
+            if self.drafter is not None:
+                self.drafter.forget(rid)
         self._seqs.clear()
         self._num_sampled = 0
+        self.num_proposed = self.num_accepted = 0
         self._dec_key = None
         assert len(self._free_rows) == self.num_rows
         assert self._in_flight == 0, "reset with a submitted step not waited for"
@@ -856,7 +863,7 @@ class ModelRunner:
             starts.append(length - 1)
             histories.append(hist[row, :length])
             ks.append(max(0, min(k, limit - 1)))
-        proposals = self.drafter.propose_batch(histories, ks)
+        proposals = self.drafter.propose_batch(histories, ks, [r.request_id for r in reqs])
         drafts = [np.asarray(d[:k], dtype=np.int64) for d, k in zip(proposals, ks)]
         return _Verifies(reqs, rows, starts, drafts, limits, stop_ids)
 
@@ -907,6 +914,8 @@ class ModelRunner:
         out = verify.resolve(ver.host[0], ver.host[1], ver.drafts, ver.limits, ver.stop_ids)
         if not commit:
             return out
+        self.num_proposed += sum(len(d) for d in ver.drafts)
+        self.num_accepted += sum(len(t) - 1 for t in out)
         bs = self.block_size
         for row, c, tokens in zip(ver.rows, ver.starts, out):
             n, e = int(self._len[row]), len(tokens)

@@ -175,6 +175,33 @@ def test_eos_stops_inside_an_accepted_run(model, dense):
     assert e.outputs[4] == dense[4][:4]
 
 
+def test_a_draft_model_proposes_and_outputs_stay_identical(model, dense):
+    """The draft-model hook: the target itself as its draft model accepts (nearly) every
+    draft; an unrelated model (other weights) few; greedy outputs are the plain ones either
+    way, through preemptions (its caches follow the accepted history)."""
+    from executor.draft_model import DraftModelDrafter
+
+    e = engine(model, speculation=_spec(3))
+    e.runner.drafter = DraftModelDrafter(model)
+    e.run_offline(make_requests())
+    s = e.scheduler
+    assert e.outputs == dense
+    r = e.runner
+    assert r.num_accepted == s.num_accepted and r.num_accepted >= 0.95 * r.num_proposed
+    assert not e.runner.drafter._caches  # every request forgotten
+    other = make_model()
+    torch.manual_seed(3)
+    for p in other.parameters():
+        p.data.normal_(0.0, 0.2)
+    e2 = engine(model, speculation=_spec(2), num_blocks=24)
+    e2.runner.drafter = DraftModelDrafter(other)
+    rec = e2.run_offline(make_requests())
+    assert e2.outputs == dense
+    assert e2.runner.num_accepted < 0.5 * e2.runner.num_proposed
+    assert rec.num_preemptions.sum() > 0
+    assert isinstance(make_drafter("draft_model", model=model), DraftModelDrafter)
+
+
 def test_speculation_needs_serial_steps(model):
     with pytest.raises(ValueError, match="EngineConfig.async_steps"):
         EngineConfig(num_blocks=8, speculation=_spec(2), async_steps=True)
@@ -325,3 +352,32 @@ def test_requests_without_speculation_take_no_verify_path(model, dense):
     assert e.outputs == dense
     assert e.scheduler.num_drafted == 0 and not e.runner._seqs
     assert rec.num_output_tokens.tolist() == OUTPUT_LENS
+
+
+def test_spec_bench_runs_on_the_cpu(tmp_path, capsys):
+    """python -m executor.spec_bench --model tiny: every cell's greedy outputs equal plain's,
+    the table comes last, the JSON has every row."""
+    import json
+
+    from executor.spec_bench import main
+
+    out = tmp_path / "spec.json"
+    args = ["--model", "tiny", "--device", "cpu", "--batch", "1,2", "--k", "1,3"]
+    assert main([*args, "--max-new", "8", "--repeats", "1", "--json-out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    rows = result["rows"]
+    assert [(r["batch"], r["k"]) for r in rows] == [(1, 0), (1, 1), (1, 3), (2, 0), (2, 1), (2, 3)]
+    assert all(r["identical"] and r["tokens"] == 8 * r["batch"] for r in rows)
+    assert result["batch1_best"]["k"] in (1, 3)
+    last = capsys.readouterr().out.strip().splitlines()
+    assert last[-7].split() == [
+        "batch",
+        "k",
+        "tok/s",
+        "x",
+        "plain",
+        "steps",
+        "tok/step",
+        "accept",
+        "identical",
+    ]
