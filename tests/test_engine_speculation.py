@@ -381,3 +381,39 @@ def test_spec_bench_runs_on_the_cpu(tmp_path, capsys):
         "accept",
         "identical",
     ]
+
+
+def test_engine_replay_runs_a_speculation_manifest(tmp_path, monkeypatch, model):
+    """A fidelity manifest whose scheduler speculates replays on the engine (n-gram drafts,
+    serial steps): records check, every request runs to its trace length."""
+    import dataclasses
+
+    import experiments.engine_replay as replay
+    from executor.engine import Engine
+    from experiments.fidelity_manifest import Case, Manifest, PolicySpec
+    from horizon.metrics.records import RunRecords
+    from horizon.request import Request
+    from horizon.scheduler_config import SchedulerConfig
+    from horizon.workload.requests_file import save_requests
+
+    engines = []
+
+    def tiny(name: str, device: str, config: EngineConfig) -> Engine:
+        engines.append(Engine(model, config))
+        return engines[-1]
+
+    monkeypatch.setattr(replay, "_engine", tiny)
+    reqs = [Request(i, 0.01 * i, 5 + i % 4, 64, 3 + i % 5) for i in range(6)]
+    save_requests(reqs, tmp_path / "reqs.json")
+    sc = SchedulerConfig(num_blocks=64, block_size=4, max_num_batched_tokens=32, max_num_seqs=4,
+                         max_model_len=128, speculation=_spec(2))  # fmt: skip
+    case = Case("c", "fidelity", "synthetic", 100.0, 0, "reqs.json", ("fcfs",))
+    policies = {"fcfs": PolicySpec("fcfs")}
+    Manifest("tiny", dataclasses.asdict(sc), 1.0, 0.05, policies, (case,), {}).save(
+        tmp_path / "manifest.json"
+    )
+    replay.replay_manifest(str(tmp_path / "manifest.json"), str(tmp_path / "out"), "cpu", None)
+    rec = RunRecords.load_npz(str(tmp_path / "out" / "c" / "fcfs" / "records.npz"))
+    rec.check()
+    np.testing.assert_array_equal(rec.num_output_tokens, [r.true_output_tokens for r in reqs])
+    assert engines[0].config.speculation == _spec(2) and engines[0].scheduler.num_drafted > 0
