@@ -557,18 +557,9 @@ class ModelRunner:
         self._apply_updates()
         self._restore_stale()
         m = len(emitters)
-        logits_all = None
-        v0 = num_tokens - ver.n if ver is not None else -1  # the verifications' first token
-        if bucket:
-            logits, tokens = self._decode_step(bucket)
-        elif mixed:
-            logits, tokens, vlogits = self._mixed_step(mixed, m, v0, num_tokens)
-        else:
-            logits, tokens, logits_all, vlogits = self._eager(
-                nd, num_tokens, num_seqs, m, all_logits, v0
-            )
-        if ver is not None:
-            judged = self._judge(ver, vlogits)
+        logits, tokens, logits_all, judged = self._forward_step(
+            bucket, mixed, nd, num_tokens, num_seqs, m, all_logits, ver
+        )
         if m and self._num_sampled:
             tokens = self._sample(rows_e, emitters, logits, m)
         if m and (not bucket or self._num_sampled):  # a decode graph wrote its greedy tokens
@@ -610,6 +601,24 @@ class ModelRunner:
             out.verified = self._verified(step.verify, step.commit)
             out.accepted = [len(t) - 1 for t in out.verified]
         return out
+
+    def _forward_step(self, bucket, mixed, nd, num_tokens, num_seqs, m, all_logits, ver):  # noqa: ANN001, ANN202
+        """The step's forward (a decode graph's bucket, a mixed step's, or eager): the emitters'
+        logits and greedy tokens, every token's logits (``all_logits``), and the verifications'
+        judgement (``ver``)."""
+        logits_all = vlogits = judged = None
+        v0 = num_tokens - ver.n if ver is not None else -1  # the verifications' first token
+        if bucket:
+            logits, tokens = self._decode_step(bucket)
+        elif mixed:
+            logits, tokens, vlogits = self._mixed_step(mixed, m, v0, num_tokens)
+        else:
+            logits, tokens, logits_all, vlogits = self._eager(
+                nd, num_tokens, num_seqs, m, all_logits, v0
+            )
+        if ver is not None:
+            judged = self._judge(ver, vlogits)
+        return logits, tokens, logits_all, judged
 
     def _restore_stale(self) -> None:
         """Rewrite the device's last token of rows the host changed (forced tokens, a step that
@@ -864,7 +873,13 @@ class ModelRunner:
             histories.append(hist[row, :length])
             ks.append(max(0, min(k, limit - 1)))
         proposals = self.drafter.propose_batch(histories, ks, [r.request_id for r in reqs])
+        name = type(self.drafter).__name__
+        if len(proposals) != len(reqs):
+            raise RuntimeError(f"{name}.propose_batch gave {len(proposals)} for {len(reqs)}")
         drafts = [np.asarray(d[:k], dtype=np.int64) for d, k in zip(proposals, ks)]
+        vocab = self.model.config.vocab_size
+        if any(len(d) and (d.min() < 0 or d.max() >= vocab) for d in drafts):
+            raise RuntimeError(f"{name} proposed a token outside the vocabulary [0, {vocab})")
         return _Verifies(reqs, rows, starts, drafts, limits, stop_ids)
 
     def _stage_verifies(self, ver: _Verifies, verifies, blocks_of: BlocksOf, t0: int, s0: int):  # noqa: ANN001, ANN202
