@@ -204,4 +204,6 @@ class BlockPool:
         hashed = len(hashes) - hashes.count(None)
         assert len(index) == hashed, "index size differs from hashed blocks"
         # with the sizes equal, this makes the index a bijection onto the hashed blocks
-        assert all(hashes[b] == h for h, b in index.items()), "index points to wrong block"
+        assert list(map(hashes.__getitem__, index.values())) == list(index), (
+            "index points to wrong block"
+        )

@@ -30,10 +30,12 @@ from horizon.request import Request, StepClock
 
 def chained_block_hashes(token_ids: Sequence[int], block_size: int) -> list[int]:
     """Hash of each full block, chained on its parent so equal hashes mean equal prefixes."""
-    out = []
+    out: list[int] = []
     h = 0
+    if not isinstance(token_ids, tuple):  # a tuple's slices are tuples: no copy per block
+        token_ids = tuple(token_ids)
     for i in range(0, len(token_ids) - block_size + 1, block_size):
-        h = hash((h, tuple(token_ids[i : i + block_size])))
+        h = hash((h, token_ids[i : i + block_size]))
         out.append(h)
     return out
 

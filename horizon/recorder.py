@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from itertools import chain
+from operator import attrgetter
 
 import numpy as np
 
@@ -211,24 +212,23 @@ class Recorder:
 
     # -- output --------------------------------------------------------------------------------
     def build(self) -> RunRecords:
-        recs = sorted(self._recs.values(), key=lambda r: r.req.request_id)
+        recs = sorted(self._recs.values(), key=_by_request_id)
         # a flat pass (np.fromiter) over the step rows: np.array on a list of tuples costs
         # several times more for the same float64 values
         flat = chain.from_iterable(self._steps)
         steps = np.fromiter(flat, np.float64, 14 * len(self._steps)).reshape(-1, 14)
         step_end = steps[:, 1].copy()
-        counts, starts = [], []
-        for r in recs:
-            for s, c in r.runs:
-                starts.append(s)
-                counts.append(c)
-        starts_a = np.array(starts, dtype=np.int64)
-        counts_a = np.array(counts, dtype=np.int64)
+        # every run's (start, count), flat in request order
+        runs = np.fromiter(chain.from_iterable(chain.from_iterable(r.runs for r in recs)), np.int64)
+        starts_a, counts_a = runs[0::2].copy(), runs[1::2].copy()
         # token k of a run starting at s is at step s + k: a vectorised arange per run
         first = np.repeat(starts_a - np.concatenate(([0], np.cumsum(counts_a)[:-1])), counts_a)
         idx = first + np.arange(int(counts_a.sum()), dtype=np.int64)
         token_times = step_end[idx] if len(idx) else np.zeros(0)
-        per_req = np.array([sum(c for _, c in r.runs) for r in recs], dtype=np.int64)
+        # tokens per request: the sum of its runs' counts (a difference of the running total)
+        ends = np.cumsum(np.fromiter(map(len, map(_runs, recs)), np.int64, len(recs)))
+        total = np.concatenate(([0], np.cumsum(counts_a)))
+        per_req = total[ends] - total[np.concatenate(([0], ends[:-1]))]
         cols = _request_columns(recs)
         i64 = np.int64
         return RunRecords(
@@ -266,6 +266,10 @@ class Recorder:
             num_kv_blocks=self.num_kv_blocks,
             block_size=self.block_size,
         )
+
+
+_by_request_id = attrgetter("req.request_id")
+_runs = attrgetter("runs")
 
 
 def _request_columns(recs: list[_Rec]) -> np.ndarray:

@@ -45,8 +45,11 @@ def argmin(replicas: Sequence[ReplicaView], key: Callable[[ReplicaView], float])
 
 def least_loaded_index(replicas: Sequence[ReplicaView]) -> int:
     """The replica with the fewest waiting plus running requests (ties: ``argmin``'s)."""
-    keys = list(map(_load_routed, replicas))  # (v.load, v.routed) each, built in C
+    try:
+        keys = list(map(_load_key, replicas))  # (v.load, v.routed) each
+    except AttributeError:  # views not derived from ReplicaView: no load_key
+        keys = [(v.load, v.routed) for v in replicas]
     return keys.index(min(keys)) if keys else 0  # the first of the smallest keys
 
 
-_load_routed = attrgetter("load", "routed")
+_load_key = attrgetter("load_key")

@@ -81,6 +81,11 @@ class ReplicaView:
         return self.num_waiting + self.num_running
 
     @property
+    def load_key(self) -> tuple[int, int]:
+        """``(load, routed)``: what ``least_loaded`` compares (a view may read it faster)."""
+        return (self.load, self.routed)
+
+    @property
     def kv_utilization(self) -> float:
         """Share of the pool held or promised: (used + reserved) / blocks, in [0, 1]."""
         return min(1.0, (self.kv_used_blocks + self.kv_reserved_blocks) / self.num_blocks)
@@ -128,6 +133,11 @@ class LiveView(ReplicaView):
     def load(self) -> int:
         s = self._sched  # Scheduler.num_unfinished, read here in one frame (every routing)
         return len(s._waiting) + len(s._ready) + len(s.running)
+
+    @property
+    def load_key(self) -> tuple[int, int]:
+        s = self._sched  # (load, routed) in one frame: least_loaded reads it for every view
+        return (len(s._waiting) + len(s._ready) + len(s.running), self._r.routed)
 
     def prefix_hit_tokens(self, request: Request) -> int:
         if not self._caching:
