@@ -20,6 +20,7 @@ from executor.serve.live_engine import EngineUnavailable
 from executor.serve.model_loading import load_model
 from executor.serve.params import GenerationParams
 from executor.serve.server import start_process_server
+from horizon.metrics.records import STATUS_FINISHED
 
 TOK = ByteTokenizer()
 
@@ -56,6 +57,29 @@ def test_completion_equals_a_dense_greedy_decode(served, client, stream):
     text = "".join(c.text for ch in r for c in ch.choices) if stream else r.choices[0].text
     assert text == expect
     settle(served[0])
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_stop_strings_cut_the_text_made_in_the_server(served, client, stream):
+    """The engine process sends tokens only; the server makes the text, cuts it at a stop
+    string and stops the request in the engine, which finishes it (not aborted) and frees its
+    blocks."""
+    model, _ = load_model(MODEL, None, "cpu")
+    whole = TOK.decode(dense_greedy(model, TOK.encode("Hello"), 40))
+    k = next(i for i in range(4, len(whole) - 2) if "\ufffd" not in whole[i : i + 2])
+    stop = whole[k : k + 2]
+    live, before = served[0].live, served[0].live.stats.num_aborted
+    r = client.completions.create(
+        model=MODEL, prompt="Hello", max_tokens=40, temperature=0, stream=stream,
+        stop=[stop, "never appears"], extra_body={"ignore_eos": True},
+    )  # fmt: skip
+    chunks = list(r) if stream else [r]
+    text = "".join(c.text for ch in chunks for c in ch.choices)
+    finish = [c.finish_reason for ch in chunks for c in ch.choices if c.finish_reason]
+    assert text == whole[: whole.find(stop)] and finish == ["stop"]
+    settle(served[0])
+    assert live.stats.num_aborted == before and live.stats.kv_used_blocks == 0
+    assert len(live._texts) == 0  # nothing held for it on the server's side
 
 
 def test_concurrent_streams_finish_and_free_every_block(served):
@@ -102,11 +126,21 @@ def test_an_abort_reaches_the_engine(served):
 def test_close_returns_the_records_and_refuses_new_requests():
     server = start_process_server(spec(), MODEL)
     live = server.live
+    model, _ = load_model(MODEL, None, "cpu")
+    whole = TOK.decode(dense_greedy(model, TOK.encode("Hello"), 40))
+    k = next(i for i in range(4, len(whole) - 2) if "\ufffd" not in whole[i : i + 2])
+    stop = {"prompt": "Hello", "max_tokens": 240, "temperature": 0, "ignore_eos": True,
+            "stop": [whole[k : k + 2]]}  # fmt: skip
     with over_http(server) as http:
         r = httpx.post(http.url + "/v1/completions", json={"prompt": "ab", "max_tokens": 5})
         assert r.status_code == 200
+        r = httpx.post(http.url + "/v1/completions", json=stop)
+        assert r.json()["choices"][0]["finish_reason"] == "stop", r.text
     records = live.records()
-    assert records.num_requests == 1 and int(records.num_output_tokens.sum()) <= 5
+    assert records.num_requests == 2 and int(records.num_output_tokens[0]) <= 5
+    # the stop string ended the request in the engine too (finished, far short of max_tokens)
+    assert k + 2 <= int(records.num_output_tokens[1]) < 240
+    assert (records.status == STATUS_FINISHED).all()
     assert not live.alive
     with pytest.raises(EngineUnavailable, match="closed"):
         live.submit([1, 2], GenerationParams(max_tokens=2))

@@ -14,6 +14,7 @@ from executor.serve.generation import Generation
 from executor.serve.live_engine import Stats
 from executor.serve.metrics import ServingMetrics
 from executor.serve.params import GenerationParams
+from executor.serve.request_text import RequestText, ServerTexts
 from executor.serve.stop_strings import StopStrings
 from executor.serve.text_stream import IncrementalText, make_detokenizer
 
@@ -74,13 +75,39 @@ def test_stop_strings_hold_back_and_cut():
 
 
 def run(params: GenerationParams, ids: list[int]) -> tuple[str, list[Event]]:
-    g = Generation(0, params, 3, TOK.eos_token_ids, IncrementalText(TOK))
+    """The request's events with the text made on the engine thread; checked equal to the
+    text made on the server's side from tokens-only events (an engine process's way)."""
+    g = Generation(0, params, 3, TOK.eos_token_ids, RequestText(params, IncrementalText(TOK)))
     events = []
     for t in ids:
         events.append(g.push(t, 0.0))
         if events[-1].finish_reason:
             break
+    assert server_side(params, ids) == events
     return "".join(e.text for e in events), events
+
+
+def server_side(params: GenerationParams, ids: list[int]) -> list[Event]:
+    """Tokens-only events through ``ServerTexts``, which stops the generation on a stop
+    string as the engine process does on a "stop" (at the next token: one more is made)."""
+    g = Generation(0, params, 3, TOK.eos_token_ids, None)
+    texts = ServerTexts(TOK)
+    texts.add(0, params)
+    published = []
+    for i, t in enumerate([*ids, 0]):  # a stop found at the last id ends it one token later
+        if i == len(ids) and not g.stop_requested:
+            break
+        event = g.push(t, 0.0)
+        assert event.text == ""
+        out, stops = texts.apply([event])
+        published += out
+        if stops:
+            assert stops == [0] and not g.stop_requested
+            g.stop_requested = True
+        if event.finish_reason:
+            assert len(texts) == 0  # nothing held once the engine's last event is in
+            break
+    return published
 
 
 def test_end_of_sequence_min_tokens_and_ignore_eos():

@@ -10,6 +10,7 @@ server to engine (``commands``)::
 
     ("submit", request_id, prompt_ids, GenerationParams, arrival)
     ("abort", request_id)
+    ("stop", request_id)               its server found a stop string: end it at its next token
     ("call", token, name)              name: "warmup", "check_integrity" or "wait_idle"
     ("close",)
 
@@ -18,7 +19,8 @@ engine to server (``outbox``)::
     ("ready", EngineInfo, tokenizer)   once, after the model is loaded; or ("failed", error)
     ("step", [tuple, ...], Stats, num_waiting, num_received)
                                        after each step and boundary: the events since the
-                                       last one (``pack_events``), then the engine's state
+                                       last one (``pack_events``), then the engine's state;
+                                       with ``text_in_server`` the events carry tokens only
     ("events", [tuple, ...])           a request refused at submission
     ("reply", token, error)            error "" when the call succeeded
     ("down", error)                    the engine loop stopped on an error
@@ -51,7 +53,9 @@ class EngineSpec:
     """What the engine process builds: ``load_model(model, dtype, device, seed, tokenizer)``
     and a ``LiveEngine`` over it with ``config`` and ``policy`` (a name or
     ``package.module:Class``, something the process can import, or a fresh Policy object,
-    which it gets a pickled copy of)."""
+    which it gets a pickled copy of). ``text_in_server``: the engine sends tokens only and its
+    server detokenizes and applies stop strings (``request_text.ServerTexts``): the engine's
+    loop then spends nothing per token on text."""
 
     model: str
     config: EngineConfig
@@ -61,6 +65,7 @@ class EngineSpec:
     tokenizer: str = "byte"
     policy: str | Policy = "fcfs"
     torch_threads: int | None = None
+    text_in_server: bool = True
 
 
 @dataclass(frozen=True)
@@ -128,6 +133,7 @@ class _Child:
             max_waiting=2**62,  # the server counts what waits (it sees submissions first)
             publish=self._publish,
             on_stats=self._on_stats,
+            make_text=not spec.text_in_server,
         )
 
     def _publish(self, events: list[Event]) -> None:
@@ -166,6 +172,8 @@ class _Child:
             self._submit(rid, prompt_ids, params, arrival)
         elif kind == "abort":
             self.live.abort(message[1])
+        elif kind == "stop":
+            self.live.stop(message[1])
         elif kind == "call":
             _, token, name = message
             try:

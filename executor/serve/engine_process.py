@@ -5,7 +5,9 @@
 events to ``publish`` (all that have come since its last wake-up, in one call: a reader that
 waits for the interpreter lock never falls behind) and keeps the engine's latest ``Stats``.
 Admission control is counted here: what the engine last reported waiting, plus what was sent
-since that report.
+since that report. With ``EngineSpec.text_in_server`` (the default) the text is made here, on
+the reader thread, from the events' tokens (``ServerTexts``), and a stop string found here is
+sent to the engine as a "stop".
 """
 
 from __future__ import annotations
@@ -20,9 +22,10 @@ from typing import Any
 
 from executor.engine import EngineConfig
 from executor.serve.engine_child import EngineInfo, EngineSpec, engine_main
-from executor.serve.events import unpack_events
+from executor.serve.events import Event, unpack_events
 from executor.serve.live_engine import EngineUnavailable, QueueFull, Stats
 from executor.serve.params import GenerationParams
+from executor.serve.request_text import ServerTexts
 from executor.serve.stream_backend import Publish
 from horizon.metrics.records import RunRecords
 from horizon.request import Request
@@ -59,6 +62,7 @@ class EngineProcess:
         self._reported = (0, 0)  # (num_waiting, num_received) of the latest stats
         self._replies: dict[int, Future] = {}
         self._closed: Future = Future()
+        self._texts: ServerTexts | None = None
         self._down = False
         self._proc: mp.process.BaseProcess | None = None
 
@@ -127,6 +131,8 @@ class EngineProcess:
             raise RuntimeError(f"the engine process failed: {why}")
         _, self.info, self.tokenizer = first
         self.stats = Stats(num_blocks=self.info.num_blocks)
+        if self.spec.text_in_server:
+            self._texts = ServerTexts(self.tokenizer)
         threading.Thread(target=self._read, name="horizon-engine-events", daemon=True).start()
 
     def warmup(self) -> None:
@@ -174,6 +180,8 @@ class EngineProcess:
         with self._lock:
             rid = next(self._ids) if request_id is None else request_id
             self._num_sent += 1
+            if self._texts is not None:
+                self._texts.add(rid, params)
             self._commands.send(("submit", rid, tuple(prompt_ids), params, arrival))
         return rid
 
@@ -220,7 +228,7 @@ class EngineProcess:
                 batch.append(message)
             events = [e for m in batch if m[0] in ("step", "events") for e in m[1]]
             if events:
-                self._publish(unpack_events(events))
+                self._publish(self._with_text(unpack_events(events)))
             for m in batch:
                 if self._take(m):
                     return
@@ -229,6 +237,17 @@ class EngineProcess:
         self._settle(None)
         for fut in self._replies.values():
             fut.set_result("the engine process ended")
+
+    def _with_text(self, events: list[Event]) -> list[Event]:
+        """The events with their text (made here with ``text_in_server``); the requests a stop
+        string ended here are stopped in the engine."""
+        if self._texts is None:
+            return events
+        events, stops = self._texts.apply(events)
+        for rid in stops:
+            with contextlib.suppress(EngineUnavailable):  # gone: its requests end anyway
+                self._send(("stop", rid))
+        return events
 
     def _take(self, message: tuple[Any, ...]) -> bool:
         """Apply one message but its events; True for the last one ("closed")."""

@@ -1,4 +1,5 @@
-"""One request's generation on the engine thread: its stopping rule and its text."""
+"""One request's generation on the engine thread: its stopping rule and, where the engine
+makes the text, its text (``RequestText``)."""
 
 from __future__ import annotations
 
@@ -6,16 +7,21 @@ from collections.abc import Collection
 
 from executor.serve.events import Event
 from executor.serve.params import GenerationParams
-from executor.serve.protocol import DetokenizerLike
-from executor.serve.stop_strings import StopStrings
+from executor.serve.request_text import RequestText
 
 
 class Generation:
     """Turns each token of request ``request_id`` into an ``Event``, deciding when it stops:
-    end-of-sequence (unless ``ignore_eos``; not before ``min_tokens``), a stop string (not
-    before ``min_tokens``), or ``max_tokens``."""
+    end-of-sequence (unless ``ignore_eos``; not before ``min_tokens``), ``max_tokens``, a stop
+    string (not before ``min_tokens``; only with ``text``), or ``stop_requested``.
 
-    __slots__ = ("request_id", "params", "num_prompt", "_eos", "_detok", "_stops", "n")
+    ``text``: the request's ``RequestText`` when the engine makes the text; None when its
+    server does (an engine process): events then carry tokens only, and the server, finding
+    a stop string, sets ``stop_requested`` (any thread may: the engine thread reads it at the
+    request's next token, which ends it with reason "stop").
+    """
+
+    __slots__ = ("request_id", "params", "num_prompt", "_eos", "_text", "n", "stop_requested")
 
     def __init__(
         self,
@@ -23,35 +29,29 @@ class Generation:
         params: GenerationParams,
         num_prompt: int,
         eos_token_ids: Collection[int],
-        detokenizer: DetokenizerLike,
+        text: RequestText | None,
     ) -> None:
         self.request_id = request_id
         self.params = params
         self.num_prompt = num_prompt
         self._eos = frozenset(eos_token_ids)
-        self._detok = detokenizer
-        self._stops = StopStrings(params.stop) if params.stop else None
+        self._text = text
         self.n = 0  # tokens generated
+        self.stop_requested = False
 
     def push(self, token: int, now: float) -> Event:
         """The event of one generated token; its ``finish_reason`` is set if it is the last."""
         self.n += 1
         p, n = self.params, self.n
-        active = n >= p.min_tokens
-        text = self._detok.push(token)
         finish = None
-        if active and not p.ignore_eos and token in self._eos:
+        eos = not p.ignore_eos and token in self._eos and n >= p.min_tokens
+        if eos or self.stop_requested:
             finish = "stop"
         elif n >= p.max_tokens:
             finish = "length"
-        if finish is not None:
-            text += self._detok.flush()
-        if self._stops is not None:
-            text, hit = self._stops.feed(text, active)
-            if hit:
-                finish = "stop"
-            elif finish is not None:
-                text += self._stops.flush()
+        if self._text is None:
+            return Event(self.request_id, "", (token,), n, finish, now)
+        text, finish = self._text.feed(token, n, finish)
         return Event(self.request_id, text, (token,), n, finish, now)
 
     def end(self, reason: str, now: float, error: str = "") -> Event:

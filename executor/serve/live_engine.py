@@ -24,6 +24,7 @@ from executor.serve.generation import Generation
 from executor.serve.inbox import Inbox, Submission
 from executor.serve.params import GenerationParams
 from executor.serve.protocol import TokenizerLike
+from executor.serve.request_text import RequestText
 from executor.serve.stream_backend import Publish, StreamBackend
 from executor.serve.text_stream import make_detokenizer
 from horizon.metrics.records import RunRecords
@@ -73,6 +74,9 @@ class LiveEngine:
     idle_poll_s: longest sleep of an idle loop between looks at its inbox.
     on_stats: receives the new ``Stats`` and ``num_waiting`` on the engine thread after every
         step and boundary (an engine process sends them to its server).
+    make_text: detokenize and apply stop strings here (True), or send tokens only and leave
+        the text to the caller, who ends a request on a stop string with ``stop`` (an engine
+        process's server: the text then costs the engine's loop nothing).
     """
 
     def __init__(
@@ -85,6 +89,7 @@ class LiveEngine:
         publish: Publish | None = None,
         idle_poll_s: float = 1.0,
         on_stats: Callable[[Stats, int], None] | None = None,
+        make_text: bool = True,
     ) -> None:
         if max_waiting < 1:
             raise ValueError(f"max_waiting must be >= 1, got {max_waiting!r}")
@@ -101,6 +106,7 @@ class LiveEngine:
         )
         self.stats = Stats(num_blocks=e.num_blocks)
         self._on_stats = on_stats
+        self._make_text = make_text
         self.error: BaseException | None = None
         self._lock = threading.Lock()
         self._next_id = 0
@@ -172,9 +178,10 @@ class LiveEngine:
                 raise QueueFull(f"{self.max_waiting} requests are waiting")
             rid = self._next_id if request_id is None else request_id
             self._next_id = max(self._next_id, rid + 1)
-        detok = make_detokenizer(self.tokenizer, params.skip_special_tokens)
-        eos = self.tokenizer.eos_token_ids
-        gen = Generation(rid, params, len(prompt_ids), eos, detok)
+        text = None
+        if self._make_text:
+            text = RequestText(params, make_detokenizer(self.tokenizer, params.skip_special_tokens))
+        gen = Generation(rid, params, len(prompt_ids), self.tokenizer.eos_token_ids, text)
         try:
             self.inbox.put(Submission(gen, tuple(prompt_ids), arrival))
         except RuntimeError as e:
@@ -184,6 +191,13 @@ class LiveEngine:
     def abort(self, request_id: int) -> None:
         """Abort a request (its last event has finish reason "abort"); idempotent."""
         self.inbox.abort(request_id)
+
+    def stop(self, request_id: int) -> None:
+        """End a running request at its next token, finished with reason "stop" (its caller
+        found a stop string in its text); a no-op for one that has ended."""
+        gen = self.backend.generations.get(request_id)
+        if gen is not None:
+            gen.stop_requested = True
 
     def call(self, fn: Callable[[], Any]) -> Future:
         """``fn()`` on the engine thread at the next step boundary (at once if it is not
