@@ -35,9 +35,11 @@ from executor.model.testing import forward_prompts  # noqa: E402
 from executor.sampling import SamplingBatch, SamplingParams, sample  # noqa: E402
 from executor.verify import judge, next_drafts, resolve  # noqa: E402
 from horizon.policies.registry import make_policy  # noqa: E402
+from horizon.request import Request  # noqa: E402
 from horizon.scheduler import Scheduler  # noqa: E402
 from horizon.speculation import SpeculationConfig  # noqa: E402
 from horizon.wall_clock import WallClock  # noqa: E402
+from horizon.workload.builder import fresh_copy  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -392,7 +394,6 @@ def test_engine_replay_runs_a_speculation_manifest(tmp_path, monkeypatch, model)
     from executor.engine import Engine
     from experiments.fidelity_manifest import Case, Manifest, PolicySpec
     from horizon.metrics.records import RunRecords
-    from horizon.request import Request
     from horizon.scheduler_config import SchedulerConfig
     from horizon.workload.requests_file import save_requests
 
@@ -417,3 +418,42 @@ def test_engine_replay_runs_a_speculation_manifest(tmp_path, monkeypatch, model)
     rec.check()
     np.testing.assert_array_equal(rec.num_output_tokens, [r.true_output_tokens for r in reqs])
     assert engines[0].config.speculation == _spec(2) and engines[0].scheduler.num_drafted > 0
+
+
+class FixedDrafter(Drafter):
+    """Proposes the same tokens for every request."""
+
+    def __init__(self, tokens) -> None:  # noqa: ANN001
+        self.tokens = np.array(tokens, dtype=np.int64)
+
+    def propose(self, tokens, k):  # noqa: ANN001, ANN201
+        return self.tokens[:k]
+
+
+def test_sampled_tokens_through_the_engine_follow_the_target(model):
+    """End to end at temperature 0.4: 2,000 requests of one prompt (seeds differ), each
+    verifying one fixed draft for its second token; that token's counts against its exact
+    marginal sum_t1 p0(t1) p1(. | t1) from dense forwards (chi-square); plain sampling's too."""
+    prompt, temp, n = PROMPTS[1], 0.4, 2000
+    layers = model.config.num_layers
+    base = forward_prompts(model, [prompt], [DenseKVCache(layers)])[-1]
+    p0 = torch.softmax(base / temp, -1).double()
+    vocab = len(p0)
+    conts = [prompt + [t] for t in range(vocab)]
+    rows = forward_prompts(model, conts, [DenseKVCache(layers) for _ in conts])
+    ends = np.cumsum([len(c) for c in conts]) - 1
+    p1 = torch.softmax(rows[ends] / temp, -1).double()
+    marginal = (p0[:, None] * p1).sum(0).numpy()
+    draft = int(marginal.argmax())  # often accepted, often not
+    reqs = [Request(i, 0.0, len(prompt), 3, 3, prompt_token_ids=tuple(prompt)) for i in range(n)]
+    cfg = dict(num_blocks=400, max_num_seqs=64, max_num_batched_tokens=512, max_model_len=64)
+    second = {}
+    for name, spec in (("spec", _spec(1)), ("plain", None)):
+        e = engine(model, speculation=spec, sampling=SamplingParams(temperature=temp), **cfg)
+        e.runner.drafter = FixedDrafter([draft])
+        e.run_offline(reqs if name == "spec" else [fresh_copy(r) for r in reqs])
+        second[name] = np.array([e.outputs[i][1] for i in range(n)])
+        if spec is not None:
+            assert 0.1 * n < e.runner.num_accepted < 0.9 * n, e.runner.num_accepted
+    for name, got in second.items():
+        assert _chi2(np.bincount(got, minlength=vocab), marginal) > 1e-3, name
