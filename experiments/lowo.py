@@ -1,98 +1,156 @@
-"""Leave-one-workload-out: each step-cost model fitted without a workload, judged on its steps.
+"""Leave-one-workload-out: each step-cost model fitted without a workload, judged on its steps
+and on its runs re-simulated.
 
-``python -m experiments.lowo`` writes ``results/lowo/lowo.json`` and ``table.md``. The committed
-engine records of ``results/fidelity/engine*`` (H200; fcfs, horizon, memory_first; several
-loads) are grouped by model and workload (the case name: ``first`` = ShareGPT first turns,
-``multi`` = multi-turn sessions; ``cal_`` cases are the same workloads). For each held-out
-workload both ``EngineCostModel`` and ``PhysicalCostModel`` are fitted on the *other* workloads'
-steps only (not the calibration CSV, which holds every workload's steps); judged on the held-out
-steps by bias (sum predicted / sum measured - 1) and MAPE.
+``python -m experiments.lowo`` writes ``results/lowo/lowo.json`` and ``table.md``. The engine
+runs (``SOURCES``: the committed ``results/fidelity/engine*`` fidelity runs, first turns and
+multi-turn sessions, and ``results/lowo/engine_<model>``, the workloads of
+``experiments.lowo_workloads`` where their GPU run is in) are grouped by model shape and
+workload (the case name less ``cal_`` and ``_r<rate>``). For each held-out workload both
+``EngineCostModel`` and ``PhysicalCostModel`` are fitted on the *other* workloads' steps only
+(not the calibration CSV, which holds every committed workload's steps) and judged
+
+* on the held-out steps: bias (sum predicted / sum measured - 1) and MAPE;
+* on the held-out runs, each re-simulated with each fit (``experiments.lowo_runs``): mean
+  ITL, mean E2E and goodput against the engine, and the run's cliff sensitivity (goodput moved
+  by a uniform 1% step bias), against issue 23's targets (``TARGETS``).
+
+A source with a speed probe and an anchor case (``experiments.lowo_workloads``) has a lease
+offset: the anchor's measured/modelled step time over the committed run's. Its steps are
+divided by it where they train a fit, and the fit is scaled by it where it judges them; the
+probe's two runs give its repeatability. Sources without an anchor have offset 1 (not measured).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
-from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
 
-from horizon.metrics.records import RunRecords
+from experiments.lowo_runs import Run, Source, compare_run, is_workload, load_runs
+from experiments.lowo_table import summaries, table
 from simulator.engine_cost_model import EngineCostModel, rows_of
 from simulator.physical_cost_model import PhysicalCostModel
 
 SOURCES = {
     "qwen2.5-7b": (
-        "results/fidelity/engine_qwen2.5-7b",
-        "results/fidelity/engine_qwen2.5-7b_repeat",
+        Source("results/fidelity/engine_qwen2.5-7b", "fidelity"),
+        Source("results/fidelity/engine_qwen2.5-7b_repeat", None),
+        Source("results/lowo/engine_qwen2.5-7b", "lowo"),
     ),
-    "qwen2.5-0.5b": ("results/fidelity/engine", "results/fidelity/engine_repeat"),
+    "qwen2.5-0.5b": (
+        Source("results/fidelity/engine", "fidelity"),
+        Source("results/fidelity/engine_repeat", None),
+        Source("results/lowo/engine_qwen2.5-0.5b", "lowo"),
+    ),
 }
+TARGETS = {"bias": 0.015, "mape": 0.03, "itl_mean": 0.03, "e2e_mean": 0.03, "goodput_pts": 2.0}
 
 
-def workload_rows(dirs: tuple[str, ...]) -> dict[str, np.ndarray]:
-    """Step rows per workload (``first``/``multi``) of every record under ``dirs``."""
-    groups: dict[str, list] = defaultdict(list)
-    for d in dirs:
-        for path in sorted(Path(d).glob("*/*/records.npz")):
-            case = path.parent.parent.name.removeprefix("cal_")
-            groups[case.split("_r")[0]].append(RunRecords.load_npz(str(path)))
-    return {w: rows_of(recs) for w, recs in groups.items()}
+def lease_offsets(runs: list[Run], model: str) -> dict[str, dict]:
+    """Per source folder: ``offset`` (1.0 where no anchor ran), and the probe's repeatability
+    (``probe_repeat``: mean step time of its second run over its first - 1;
+    ``probe_same_plans``)."""
+    committed = [r for r in runs if r.source.manifest == "fidelity" and is_workload(r)]
+    ref = PhysicalCostModel.fit(rows_of(r.records for r in committed), model=model)
+    by_name = {r.name: r for r in committed}
+
+    def ratio(r: Run) -> float:
+        rows = rows_of([r.records])
+        rows = rows[(rows[:, 0] + rows[:, 1]) > 0]
+        return float(rows[:, -1].sum() / ref.predict_rows(rows).sum())
+
+    out = {}
+    for d in sorted({r.source.engine_dir for r in runs}):
+        mine = {r.name: r for r in runs if r.source.engine_dir == d}
+        info: dict = {"offset": 1.0, "anchor": None}
+        for name, r in mine.items():
+            old = by_name.get(name.removeprefix("anchor_"))
+            if name.startswith("anchor_") and old is not None:
+                info.update(offset=ratio(r) / ratio(old), anchor=name)
+        probes = [mine[k] for k in ("probe_0/fcfs", "probe_1/fcfs") if k in mine]
+        if len(probes) == 2:
+            a, b = (rows_of([p.records]) for p in probes)
+            info["probe_repeat"] = float(b[:, -1].mean() / a[:, -1].mean() - 1)
+            info["probe_same_plans"] = bool(np.array_equal(a[:, :8], b[:, :8]))
+        out[d] = info
+    return out
 
 
-def judge(model, rows: np.ndarray) -> dict:  # noqa: ANN001 - anything with predict_rows
-    rows = rows[(rows[:, 0] + rows[:, 1]) > 0]
-    y, pred = rows[:, -1], model.predict_rows(rows)
+def _rows(runs: list[Run], offsets: dict[str, dict]) -> np.ndarray:
+    """The runs' step rows, each run's durations divided by its lease's offset."""
+    parts = []
+    for r in runs:
+        rows = rows_of([r.records])
+        rows[:, -1] /= offsets[r.source.engine_dir]["offset"]
+        parts.append(rows)
+    return np.concatenate(parts)
+
+
+def judge(model, runs: list[Run], offsets: dict[str, dict]) -> dict:  # noqa: ANN001
+    """Bias and MAPE of ``model`` (scaled by each run's lease offset) on the runs' steps, and
+    the bias without the offsets (``bias_raw``)."""
+    y, pred, raw = [], [], []
+    for r in runs:
+        rows = rows_of([r.records])
+        rows = rows[(rows[:, 0] + rows[:, 1]) > 0]
+        p = model.predict_rows(rows)
+        y.append(rows[:, -1])
+        raw.append(p)
+        pred.append(p * offsets[r.source.engine_dir]["offset"])
+    y, pred, raw = (np.concatenate(v) for v in (y, pred, raw))
     return {
         "bias": float(pred.sum() / y.sum() - 1),
+        "bias_raw": float(raw.sum() / y.sum() - 1),
         "mape": float(np.mean(np.abs(pred - y) / y)),
         "steps": len(y),
     }
 
 
-def lowo(model_name: str, groups: dict[str, np.ndarray]) -> list[dict]:
-    out = []
-    for held in sorted(groups):
-        train = np.concatenate([r for w, r in groups.items() if w != held])
+def lowo(model: str, runs: list[Run], offsets: dict[str, dict]) -> tuple[list[dict], list[dict]]:
+    """(held-out step rows, held-out run rows) of every workload of ``model``'s ``runs``."""
+    runs = [r for r in runs if is_workload(r)]
+    steps, per_run = [], []
+    for held in sorted({r.workload for r in runs}):
+        train = _rows([r for r in runs if r.workload != held], offsets)
         fits = {
             "engine": EngineCostModel.fit(train),
-            "physical": PhysicalCostModel.fit(train, model=model_name),
+            "physical": PhysicalCostModel.fit(train, model=model),
         }
+        test = [r for r in runs if r.workload == held]
         for name, m in fits.items():
-            out.append(
-                {
-                    "model": model_name,
-                    "held_out": held,
-                    "cost_model": name,
-                    "train_steps": len(train),
-                    **judge(m, groups[held]),
-                }
-            )
-    return out
+            steps.append({"model": model, "held_out": held, "cost_model": name,
+                          "train_steps": len(train), **judge(m, test, offsets)})  # fmt: skip
+        for r in test:
+            if r.source.manifest is not None:
+                off = offsets[r.source.engine_dir]["offset"]
+                per_run.append({"model": model, "source": r.source.engine_dir,
+                                **compare_run(r, fits, off)})  # fmt: skip
+        print(f"{model} held out {held}: {len(test)} runs", flush=True)
+    return steps, per_run
 
 
-def table(rows: list[dict]) -> str:
-    lines = [
-        "| shape | held-out workload | cost model | steps | bias | MAPE |",
-        "|---|---|---|---|---|---|",
-    ]
-    for r in sorted(rows, key=lambda r: (r["model"], -r["mape"])):
-        lines.append(
-            f"| {r['model']} | {r['held_out']} | {r['cost_model']} | {r['steps']} "
-            f"| {r['bias']:+.2%} | {r['mape']:.2%} |"
-        )
-    return "\n".join(lines) + "\n"
-
-
-def main(out: str = "results/lowo") -> None:
-    rows = [r for m, dirs in SOURCES.items() for r in lowo(m, workload_rows(dirs))]
+def main(out: str = "results/lowo") -> dict:
+    doc: dict = {"command": "python -m experiments.lowo", "targets": TARGETS,
+                 "steps": [], "runs": [], "leases": {}}  # fmt: skip
+    for model, sources in SOURCES.items():
+        runs = load_runs(sources)
+        offsets = lease_offsets(runs, model)
+        steps, per_run = lowo(model, runs, offsets)
+        doc["steps"] += steps
+        doc["runs"] += per_run
+        doc["leases"][model] = offsets
+    doc["summary"] = summaries(doc)
     Path(out).mkdir(parents=True, exist_ok=True)
-    (Path(out) / "lowo.json").write_text(
-        json.dumps({"command": "python -m experiments.lowo", "rows": rows}, indent=1)
-    )
-    (Path(out) / "table.md").write_text(table(rows))
-    print(table(rows))
+    (Path(out) / "lowo.json").write_text(json.dumps(doc, indent=1) + "\n")
+    text = table(doc)
+    (Path(out) / "table.md").write_text(text)
+    print(text)
+    return doc
 
 
 if __name__ == "__main__":
-    main()
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", default="results/lowo")
+    main(ap.parse_args().out)

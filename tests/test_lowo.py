@@ -1,0 +1,117 @@
+"""Leave-one-workload-out's lease offset, probe repeatability and per-workload verdicts."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from experiments.lowo import lease_offsets
+from experiments.lowo_runs import Run, Source, is_workload
+from experiments.lowo_table import summaries, table
+from horizon.policies import make_policy
+from horizon.request import Request
+from horizon.scheduler_config import SchedulerConfig
+from simulator import Simulation
+from simulator.engine_cost_model import Buckets
+from simulator.physical_cost_model import PhysicalCostModel
+from tests.test_physical_cost_model import TRUE
+
+MODEL = PhysicalCostModel(TRUE, 57344, Buckets())  # the 7B shape's KV bytes per token
+
+
+def _requests(seed: int, n: int = 80, at_zero: bool = False) -> list[Request]:
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    times = np.zeros(n) if at_zero else np.cumsum(rng.exponential(1 / 30.0, n))
+    return [
+        Request(i, float(t), int(rng.integers(20, 1200)), 300, int(rng.integers(5, 200)))
+        for i, t in enumerate(times)
+    ]
+
+
+def _records(requests, scale: float = 1.0):
+    return Simulation(requests, SchedulerConfig(num_blocks=800), make_policy("fcfs"),
+                      MODEL.scaled(scale)).run()  # fmt: skip
+
+
+def test_the_anchor_gives_the_lease_offset_and_the_probe_its_repeatability():
+    old, new = Source("committed", "fidelity"), Source("lease_b", "lowo")
+    runs = [Run(old, f"first_r{k}", "fcfs", _records(_requests(k))) for k in (10, 20, 30)]
+    runs += [
+        Run(new, "anchor_first_r30", "fcfs", _records(_requests(30), 1.03)),  # 3% slower lease
+        Run(new, "probe_0", "fcfs", _records(_requests(7, at_zero=True))),
+        Run(new, "probe_1", "fcfs", _records(_requests(7, at_zero=True), 1.01)),
+        Run(new, "longout_r12", "fcfs", _records(_requests(12))),
+    ]
+    got = lease_offsets(runs, "qwen2.5-7b")
+    assert got["committed"]["offset"] == 1.0 and got["committed"]["anchor"] is None
+    assert got["lease_b"]["anchor"] == "anchor_first_r30/fcfs"
+    assert got["lease_b"]["offset"] == pytest.approx(1.03, rel=2e-3)
+    assert got["lease_b"]["probe_repeat"] == pytest.approx(0.01, abs=1e-9)
+    assert got["lease_b"]["probe_same_plans"]  # all at t = 0: the same plans on any lease
+    assert [r.workload for r in runs if is_workload(r)] == ["first"] * 3 + ["longout"]
+
+
+def _run(policy, goodput_eng, goodput_sim, itl, cliff):
+    row = {"model": "m", "source": "s", "case": "w_r1", "policy": policy, "workload": "w",
+           "goodput_measured": goodput_eng, "cliff_pts": cliff, "on_cliff": cliff > 3}  # fmt: skip
+    for cm in ("engine", "physical"):
+        row |= {f"goodput_sim_{cm}": goodput_sim, f"itl_mean_err_{cm}": itl,
+                f"goodput_err_pts_{cm}": 100 * (goodput_sim - goodput_eng),
+                f"e2e_mean_err_{cm}": 0.01, f"ttft_mean_err_{cm}": 0.0}  # fmt: skip
+    return row
+
+
+def test_a_workloads_verdict_counts_goodput_off_the_cliff_only_and_names_what_is_missed():
+    doc = {
+        "command": "python -m experiments.lowo",
+        "targets": {"bias": 0.015, "mape": 0.03, "itl_mean": 0.03, "e2e_mean": 0.03,
+                    "goodput_pts": 2.0},
+        "steps": [{"model": "m", "held_out": "w", "cost_model": "physical", "bias": 0.01,
+                   "bias_raw": 0.02, "mape": 0.025, "steps": 100}],
+        "runs": [_run("fcfs", 0.92, 0.60, 0.04, 9.0), _run("horizon", 0.90, 0.91, -0.01, 0.5)],
+        "leases": {},
+    }  # fmt: skip
+    (row,) = summaries(doc)
+    assert row["goodput_pts"] == pytest.approx(1.0)  # the cliff run's 20 points do not count
+    assert row["on_cliff"] == 1 and row["itl_mean"] == pytest.approx(0.04)
+    assert row["met"] == {"bias": True, "mape": True, "itl_mean": False, "e2e_mean": True,
+                          "goodput_pts": True}  # fmt: skip
+    assert (row["ranking_same"], row["ranking_cases"]) == (
+        0,
+        1,
+    )  # fcfs ahead on the engine, behind on the sim
+    assert "| itl_mean, ranking |" in table(doc)
+
+
+def test_a_run_resimulated_with_the_lease_offset_matches_a_lease_that_much_slower(tmp_path):
+    from experiments.fidelity import POLICIES
+    from experiments.fidelity_compare import simulate_engine_loop
+    from experiments.fidelity_manifest import Case, Manifest
+    from experiments.lowo_runs import compare_run
+    from horizon.workload.requests_file import save_requests
+
+    requests = _requests(3, n=150)
+    save_requests(requests, tmp_path / "w_r30.json")
+    case = Case("w_r30", "fidelity", "w", 30.0, 0, "w_r30.json", ("fcfs",), 20.0)
+    m = Manifest("qwen2.5-7b", {"num_blocks": 800}, 1.0, 0.05, dict(POLICIES), (case,))
+    m.save(tmp_path / "manifest.json")
+    engine = {"async_steps": None, "stop": "trace"}  # the pipelined loop
+    run_dir = tmp_path / "eng" / "w_r30" / "fcfs"
+    run_dir.mkdir(parents=True)
+    (run_dir / "meta.json").write_text(json.dumps({"model": "qwen2.5-7b", "engine": engine}))
+    slower = simulate_engine_loop(
+        _requests(3, n=150), m, POLICIES["fcfs"], MODEL.scaled(1.02), 20.0, True
+    )  # a lease 2% slower than the model
+    run = Run(Source(str(tmp_path / "eng"), str(tmp_path / "manifest.json")), "w_r30", "fcfs",
+              slower)  # fmt: skip
+    fits = {"engine": MODEL, "physical": MODEL}
+    scaled = compare_run(run, fits, 1.02)
+    for k in ("itl_mean", "e2e_mean", "ttft_mean"):
+        assert scaled[f"{k}_err_physical"] == pytest.approx(0.0, abs=1e-12)
+    raw = compare_run(run, fits, 1.0)
+    assert -0.025 < raw["itl_mean_err_physical"] < -0.015  # ~1/1.02 - 1
+    assert raw["goodput_measured"] == scaled["goodput_sim_physical"]
+    assert raw["cliff_pts"] >= 0 and raw["on_cliff"] == (raw["cliff_pts"] > 3)
