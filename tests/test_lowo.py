@@ -115,3 +115,21 @@ def test_a_run_resimulated_with_the_lease_offset_matches_a_lease_that_much_slowe
     assert -0.025 < raw["itl_mean_err_physical"] < -0.015  # ~1/1.02 - 1
     assert raw["goodput_measured"] == scaled["goodput_sim_physical"]
     assert raw["cliff_pts"] >= 0 and raw["on_cliff"] == (raw["cliff_pts"] > 3)
+
+
+def test_the_gpu_manifest_plan_probe_at_zero_loads_interleaved_anchor_a_committed_case():
+    from experiments.fidelity import PRESETS
+    from experiments.lowo_workloads import ANCHOR, LOADS, WORKLOADS, cases, probe_requests
+
+    probe = probe_requests()
+    assert len(probe) == 96 and all(r.arrival_time == 0.0 for r in probe)
+    assert sorted({(r.num_prompt_tokens, r.true_output_tokens) for r in probe}) == [
+        (256, 200),
+        (1024, 32),
+    ]
+    for model, loads in LOADS.items():
+        names = [name for name, _, _ in cases(model)]
+        assert names[:3] == [f"{w}_r{loads[w][0]:g}" for w in WORKLOADS]  # lower loads first
+        assert names[3:] == [f"{w}_r{loads[w][1]:g}" for w in WORKLOADS]
+        assert all(lo < hi for lo, hi in loads.values())
+        assert ANCHOR[model] in {c[0] for c in PRESETS[model].cases}  # a committed case
