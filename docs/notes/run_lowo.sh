@@ -4,7 +4,7 @@
 # Inputs: python -m experiments.lowo_workloads export (gpu_inputs/lowo/<model>/; carry
 # gpu_inputs/lowo). No wheels: the engine's replay needs only torch, triton and numpy.
 # Per model: the speed probe, the anchor case, 6 cases x fcfs/horizon, the probe again
-# (experiments/lowo_workloads.py), each model's replay stopped after LIMIT_<n> s (default 250).
+# (experiments/lowo_workloads.py), each model's replay stopped after LIMIT s (default 265: both within 9 minutes).
 # Writes $OUT/lowo_eng.tar.gz (engine_<model>/<case>/<policy>/{records.npz,meta.json} and
 # engine_<model>.log) and prints a table last. Fold it in, here:
 #   tar xzf <files_at>/lowo_eng.tar.gz -C results/lowo && python -m experiments.lowo
@@ -14,7 +14,7 @@ nvidia-smi --query-gpu=name,memory.used --format=csv,noheader
 export PYTHONUNBUFFERED=1
 for M in ${@:-qwen2.5-7b qwen2.5-0.5b}; do
   t=$(date +%s)
-  timeout ${LIMIT:-250} python3 -m experiments.engine_replay \
+  timeout ${LIMIT:-265} python3 -m experiments.engine_replay \
     --manifest gpu_inputs/lowo/$M/manifest.json --out /tmp/lowo/engine_$M \
     > /tmp/lowo/engine_$M.log 2>&1
   echo "$M: rc $? in $(( $(date +%s) - t )) s"
