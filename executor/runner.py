@@ -179,13 +179,14 @@ class _Pending:
 class _Verifies:
     """A step's verifications: rows, drafts, emit limits, the judgement's host copy."""
 
-    __slots__ = ("requests", "rows", "starts", "drafts", "limits", "stop_ids", "host", "n")
+    __slots__ = ("requests", "rows", "starts", "drafts", "limits", "stop_ids", "host", "n", "next")
 
     def __init__(self, requests, rows, starts, drafts, limits, stop_ids) -> None:  # noqa: ANN001
         self.requests, self.rows, self.starts = requests, rows, starts
         self.drafts, self.limits, self.stop_ids = drafts, limits, stop_ids
         self.host: np.ndarray | None = None  # [2, n]: accept, alt
         self.n = sum(len(d) + 1 for d in drafts)  # query rows
+        self.next: np.ndarray | None = None  # each row's next draft (verify.next_drafts)
 
 
 class ModelRunner:
@@ -909,9 +910,10 @@ class ModelRunner:
 
     def _judge(self, ver: _Verifies, vlogits: torch.Tensor) -> torch.Tensor:
         """``verify.judge`` on the query rows: ``[2, n]`` (accept, alt) on the device."""
-        nxt = torch.from_numpy(verify.next_drafts(ver.drafts)).to(self.device)
+        ver.next = verify.next_drafts(ver.drafts)
+        nxt = torch.from_numpy(ver.next).to(self.device)
         batch = None
-        seqs = [self._seqs[r.request_id] for r in ver.requests]
+        seqs = [self._seqs[r.request_id] for r in ver.requests] if self._num_sampled else []
         if any(s.params.needs_sampler for s in seqs):
             params, steps = [], []
             for s, row, d in zip(seqs, ver.rows, ver.drafts):
@@ -926,19 +928,22 @@ class ModelRunner:
         """The emitted tokens of each verification; committed: appended to the rows' histories,
         their device last token marked stale and their mirrored blocks cut to what the
         scheduler keeps (``KVCacheManager.trim``: the blocks of the computed tokens)."""
-        out = verify.resolve(ver.host[0], ver.host[1], ver.drafts, ver.limits, ver.stop_ids)
+        host = ver.host
+        out = verify.resolve(host[0], host[1], ver.drafts, ver.limits, ver.stop_ids, ver.next)
         if not commit:
             return out
         self.num_proposed += sum(len(d) for d in ver.drafts)
         self.num_accepted += sum(len(t) - 1 for t in out)
-        bs = self.block_size
-        for row, c, tokens in zip(ver.rows, ver.starts, out):
-            n, e = int(self._len[row]), len(tokens)
-            assert n + e <= self.max_model_len, f"row {row}: {n + e} tokens"
-            self._hist[row, n : n + e] = tokens
-            self._len[row] = self._slen[row] = n + e
-            self._nblk[row] = min(int(self._nblk[row]), -(-(c + e) // bs))
-            self._stale.add(row)
+        rows = np.array(ver.rows, dtype=np.int64)
+        e = np.array([len(t) for t in out], dtype=np.int64)
+        n = self._len[rows]
+        assert np.all(n + e <= self.max_model_len), "a verification past max_model_len"
+        offsets = np.arange(int(e.sum())) - np.repeat(np.cumsum(e) - e, e)
+        self._hist[np.repeat(rows, e), np.repeat(n, e) + offsets] = np.concatenate(out)
+        self._len[rows] = self._slen[rows] = n + e
+        keep = -(-(np.array(ver.starts, dtype=np.int64) + e) // self.block_size)
+        self._nblk[rows] = np.minimum(self._nblk[rows], keep)
+        self._stale.update(ver.rows)
         return out
 
     # -- decode-only steps: CUDA graphs ------------------------------------------------------------

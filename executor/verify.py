@@ -68,11 +68,13 @@ def judge(
 
 def next_drafts(drafts: Sequence[np.ndarray]) -> np.ndarray:
     """Each query row's following draft (``-1`` at each request's last row), in row order."""
-    out = []
-    for d in drafts:
-        out.append(np.asarray(d, dtype=np.int64))
-        out.append(np.array([-1], dtype=np.int64))
-    return np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
+    q = np.array([len(d) + 1 for d in drafts], dtype=np.int64)
+    out = np.full(int(q.sum()), -1, dtype=np.int64)
+    has = np.ones(len(out), dtype=bool)
+    has[np.cumsum(q) - 1] = False
+    if has.any():
+        out[has] = np.concatenate(drafts)
+    return out
 
 
 def resolve(
@@ -81,23 +83,25 @@ def resolve(
     drafts: Sequence[np.ndarray],
     limits: Sequence[int],
     stop_ids: Collection[int] = (),
+    next_draft: np.ndarray | None = None,
 ) -> list[list[int]]:
     """The tokens each verifying request emits (1 or more each), from ``judge``'s rows read
     back: accepted drafts plus one, at most ``limits[j]`` of them, ending at the first of
-    ``stop_ids`` if one comes earlier."""
-    out: list[list[int]] = []
-    off = 0
-    for d, limit in zip(drafts, limits):
-        q = len(d) + 1
-        rejected = np.flatnonzero(accept[off : off + q] == 0)
-        a = int(rejected[0]) if len(rejected) else q - 1
-        tokens = [int(t) for t in d[:a]] + [int(alt[off + a])]
-        tokens = tokens[: max(1, limit)]
-        if stop_ids:
+    ``stop_ids`` if one comes earlier. ``next_draft``: ``next_drafts(drafts)`` if at hand."""
+    q = np.array([len(d) + 1 for d in drafts], dtype=np.int64)
+    starts = np.cumsum(q) - q
+    rejected = np.flatnonzero(accept[: int(q.sum())] == 0)  # each request's last row is one
+    first = rejected[np.searchsorted(rejected, starts)]
+    # row i emits its next draft while before its request's first rejection, then its alt
+    rows = np.arange(int(q.sum()))
+    nxt = next_drafts(drafts) if next_draft is None else next_draft
+    vals = np.where(rows < np.repeat(first, q), nxt, alt[: len(rows)])
+    ends = starts + np.minimum(first - starts + 1, np.maximum(np.asarray(limits), 1))
+    out = [vals[a:b].tolist() for a, b in zip(starts.tolist(), ends.tolist())]
+    if stop_ids:
+        for j, tokens in enumerate(out):
             for i, t in enumerate(tokens):
                 if t in stop_ids:
-                    tokens = tokens[: i + 1]
+                    out[j] = tokens[: i + 1]
                     break
-        out.append(tokens)
-        off += q
     return out
