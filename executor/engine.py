@@ -16,6 +16,13 @@ Stopping rule (the backend's, docs/design.md): ``stop="trace"`` forces each requ
 ``true_output_tokens`` (end-of-sequence ignored, as when replaying a trace); ``stop="eos"`` stops at
 an end-of-sequence token or ``max_output_tokens`` (records of such a run keep the trace's
 ``true_output_tokens``, so ``RunRecords.check`` holds only for requests that ran to it).
+
+Speculative decoding (``EngineConfig.speculation``, off by default): the scheduler decides each
+decoding request's draft count (``horizon.speculation``), the engine's drafter
+(``executor.drafter``, n-gram prompt lookup by default) proposes that many or fewer when the
+step is staged, and the runner verifies them in the step's forward (``executor.verify``:
+greedy acceptance, rejection sampling at temperature > 0). Such runs are serial: a plan
+depends on the drafts accepted in the one before.
 """
 
 from __future__ import annotations

@@ -203,6 +203,10 @@ def bench_batch(model, tokenizer, batch: int, ks, args) -> list[dict]:  # noqa: 
         r = plain if k == 0 else timed(engine, prompts, lengths, k, args.repeats)
         outs = r.pop("outputs") if k else plain_out
         same = sum(outs[i] == plain_out[i] for i in range(batch))
+        r["first_divergence"] = min(
+            (_diverge(outs[i], plain_out[i]) for i in range(batch) if outs[i] != plain_out[i]),
+            default=None,
+        )
         r |= {"batch": batch, "speedup": r["tok_s"] / plain["tok_s"], "graphs_s": graphs_s}
         r |= {"identical": same == batch, "num_identical": same}
         rows.append(r)
@@ -211,6 +215,11 @@ def bench_batch(model, tokenizer, batch: int, ks, args) -> list[dict]:  # noqa: 
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
     return rows
+
+
+def _diverge(a: list[int], b: list[int]) -> int:
+    """The first output position where ``a`` and ``b`` differ."""
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
 HEAD = (
