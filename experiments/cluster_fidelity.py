@@ -7,7 +7,10 @@
     python -m experiments.cluster_fidelity tabulate ENGINE    # -> results/cluster_fidelity/ tables
     python -m experiments.cluster_fidelity fit-sharing ENGINE --source TEXT
                                               # -> results/cluster_fidelity/device_sharing_fit.json
-    python -m experiments.cluster_fidelity compare            # from those tables and that fit
+    python -m experiments.cluster_fidelity fit-colocated ENGINE --source TEXT
+                                              # -> results/cluster_fidelity/colocated_fit.json
+    python -m experiments.cluster_fidelity compare            # from those tables and fits
+                                              # -> cluster_fidelity.json, variants.md
 
 Cases: N = 2 and 4 replicas of the Qwen2.5-0.5B shape (seeded random weights, 2,000 KV blocks
 each, fcfs) on one H200, routers round_robin, least_loaded and prefix_aware, a shared-prefix
@@ -20,8 +23,12 @@ replica's cost model fitted to the co-located engine steps of every case at the 
 and with the model of one replica alone on the GPU (``calibration/``), every replica's steps
 on one shared device: serialized first come first served (``sim_shared_device``: nothing
 fitted to co-located steps) and time-sliced (``sim_timeslice``: a mixed step's slice count
-fitted to the co-located steps' timestamps, ``simulator.device_sharing``). ``fit-sharing``
-needs the engine's records themselves (each step's start and end on the shared clock), which
+fitted to the co-located steps' timestamps, ``simulator.device_sharing``), and variant (d):
+the co-located steps' own part fitted as its own cost model on that time-sliced device, slice
+counts drawn (``sim_colocated``: each case priced by the fit without its load;
+``_other_workload``: the other workload's fit; ``_in_sample``: every case's, labelled so;
+``experiments.colocated_fit``). ``fit-sharing`` and ``fit-colocated`` need the engine's
+records themselves (each step's start and end on the shared clock), which
 the tables do not keep; its output is committed beside them.
 """
 
@@ -45,6 +52,11 @@ ENGINE = {
     "max_num_seqs": 256,
 }
 SHARING_FIT = "device_sharing_fit.json"  # fit-sharing's output, beside the tables
+# variant (d): the co-located own-part model on the time-sliced device, by fold
+# (simulator.colocated_cost_model): judged held out (another load's or the other workload's
+# fit), and in sample (labelled so)
+COLOCATED_FIT = "colocated_fit.json"  # fit-colocated's output, beside the tables
+COLOCATED_SIDES = ("sim_colocated", "sim_colocated_other_workload", "sim_colocated_in_sample")
 SECONDS = 10.0  # arrivals span about this long per case
 # per replica count: workload -> loads (shared_prefix: req/s per replica; sessions: starts/s)
 LOADS = {  # around each knee: 4 co-located replicas share the GPU that 2 share
@@ -260,16 +272,18 @@ def parse_case(n: int, name: str) -> CaseKey:
 
 def sharing_samples(engine_root: Path) -> dict:
     """Every co-located engine step as the ``timeslice`` rule sees it, from the engine's
-    records under ``engine_root/n<N>/<case>/``: its plan's columns, its measured time, its
-    isolated time (the model of one replica alone), and the other replicas' steps in flight
-    when it was planned (the pipelined engine plans a step while the one before runs, as the
-    simulator submits it), as indices into the same arrays (-1: none)."""
+    records under ``engine_root/n<N>/<case>/``: its case's N, workload and load index, its
+    plan's columns, its measured time, its isolated time (the model of one replica alone),
+    and the other replicas' steps in flight when it was planned (the pipelined engine plans
+    a step while the one before runs, as the simulator submits it), as indices into the same
+    arrays (-1: none)."""
     import numpy as np
 
     from simulator.engine_cost_model import step_rows
 
     iso = isolated_cost_model()
-    parts: dict[str, list] = {k: [] for k in ("n", "sessions", "rows", "pred", "dur", "others")}
+    keys = ("n", "sessions", "load_index", "rows", "pred", "dur", "others")
+    parts: dict[str, list] = {k: [] for k in keys}
     base = 0
     for nd in sorted(engine_root.glob("n*")):
         n = int(nd.name[1:])
@@ -285,6 +299,7 @@ def sharing_samples(engine_root: Path) -> dict:
                 parts["dur"].append(rows[:, -1])
                 parts["n"].append(np.full(len(rows), n))
                 parts["sessions"].append(np.full(len(rows), key_workload(cd.name) == "sessions"))
+                parts["load_index"].append(np.full(len(rows), load_index(parse_case(n, cd.name))))
                 others = np.full((len(rows), n - 1), -1, dtype=np.int64)
                 for c, j in enumerate(j for j in range(len(reps)) if j != i):
                     idx = np.searchsorted(starts[j], r.step_start, side="right") - 1
@@ -297,6 +312,11 @@ def sharing_samples(engine_root: Path) -> dict:
         np.pad(o, ((0, 0), (0, width - o.shape[1])), constant_values=-1) for o in parts["others"]
     ]
     return {k: np.concatenate(v) for k, v in parts.items()}
+
+
+def load_index(key: CaseKey) -> int:
+    """The case's place on its (N, workload) load grid: 0 (lightest) .. 2."""
+    return LOADS[key.n][key.workload].index(key.load)
 
 
 def key_workload(case: str) -> str:
@@ -537,6 +557,7 @@ def compare(table: Path) -> dict:
     cases = json.loads((table / "engine_cases.json").read_text())
     isolated = isolated_cost_model()
     timeslice = DeviceSpec("gpu0", "timeslice", SliceFit.from_file(table / SHARING_FIT))
+    colocated = colocated_models(table / COLOCATED_FIT)
     rows, steps = [], {}
     for n in sorted({c["n"] for c in cases}):
         mine = sorted((c for c in cases if c["n"] == n), key=lambda c: c["case"])
@@ -545,6 +566,8 @@ def compare(table: Path) -> dict:
         models["isolated"] = isolated
         for key, case in zip(keys, mine):
             row, sims = compare_case(key, case, models, tokenized, timeslice)
+            row, more = compare_colocated(key, row, colocated, tokenized)
+            sims.update(more)
             rows.append(row)
             for side, rec in sims.items():
                 steps.setdefault((n, key.workload, side), []).extend(rec.replicas)
@@ -554,8 +577,39 @@ def compare(table: Path) -> dict:
         "summary": summarize_rows(rows),
         "summary_shared_device": summarize_rows(rows, "sim_shared_device"),
         "summary_timeslice": summarize_rows(rows, "sim_timeslice"),
+        **{f"summary_{side[4:]}": summarize_rows(rows, side) for side in COLOCATED_SIDES},
         "step_times": step_time_table(table, steps),
     }
+
+
+def colocated_models(path: Path) -> dict:
+    """Every fold of the co-located own-part fit, by fold name."""
+    from experiments.colocated_fit import FOLDS
+    from simulator.colocated_cost_model import ColocatedCostModel
+
+    return {f: ColocatedCostModel(path, f) for f in FOLDS}
+
+
+def colocated_fold(key: CaseKey, side: str) -> str:
+    """The fold that prices a case on a side of variant (d): never fitted to the case but for
+    ``sim_colocated_in_sample``."""
+    if side == "sim_colocated":
+        return f"without_load{load_index(key)}"
+    if side == "sim_colocated_other_workload":
+        return f"without_{key.workload}"
+    return "all"
+
+
+def compare_colocated(key: CaseKey, row: dict, models: dict, tokenized) -> tuple:  # noqa: ANN001
+    """Variant (d)'s simulations of a case, added to its comparison row (figures and goodput
+    errors); returns (row, {side: ClusterRecords})."""
+    sims = {}
+    for side in COLOCATED_SIDES:
+        m = models[colocated_fold(key, side)]
+        sims[side] = simulate_case(key, m, tokenized, device=m.device("gpu0", seed=0))
+        row[side] = figures(sims[side]) | {"fold": m.fold}
+        row[f"goodput_error_pts_{side[4:]}"] = error_pts(row, side)
+    return row, sims
 
 
 def compare_case(key: CaseKey, case: dict, models: dict, tokenized, timeslice) -> tuple:  # noqa: ANN001
@@ -601,7 +655,7 @@ def step_time_table(table: Path, steps: dict) -> list[dict]:
     out = []
     for n, w in sorted({(n, w) for n, w, _ in steps}):
         sides = {"engine": read_steps(table / steps_file(n, w))[0]}
-        for side in ("sim", "sim_shared_device", "sim_timeslice"):
+        for side in ("sim", "sim_shared_device", "sim_timeslice", *COLOCATED_SIDES):
             sides[side] = rows_of(steps[(n, w, side)])
         for kind in ("decode", "mixed"):
             row = {"n": n, "workload": w, "kind": kind}
@@ -717,6 +771,12 @@ def _conditions() -> dict:
         "shared device",
         "sim_timeslice": "the same isolated model, the replicas' steps time-sliced on the "
         "shared device (simulator.device_sharing, weights in device_sharing_fit.json)",
+        "sim_colocated": "the co-located steps' own part fitted as its own cost model "
+        "(simulator.colocated_cost_model, colocated_fit.json) on the time-sliced device, "
+        "mixed steps' slice counts drawn (seed 0) from the shares measured at their own time; "
+        "each case priced by the fold fitted without its load (every N and workload)",
+        "sim_colocated_other_workload": "the same, the fold fitted to the other workload only",
+        "sim_colocated_in_sample": "the same, the fold fitted to every case (in sample)",
         "sim_loop": "pipelined, arrivals between steps",
     }
 
@@ -733,6 +793,10 @@ def main(argv: list[str] | None = None) -> None:
     f.add_argument("engine", help="directory of n<N>/<case>/ engine results (with timestamps)")
     f.add_argument("--source", required=True, help="where the engine results come from")
     f.add_argument("--out", default=str(REPO / "results" / "cluster_fidelity" / SHARING_FIT))
+    fc = sub.add_parser("fit-colocated")
+    fc.add_argument("engine", help="directory of n<N>/<case>/ engine results (with timestamps)")
+    fc.add_argument("--source", required=True, help="where the engine results come from")
+    fc.add_argument("--out", default=str(REPO / "results" / "cluster_fidelity" / COLOCATED_FIT))
     c = sub.add_parser("compare")
     c.add_argument("--table", default=str(REPO / "results" / "cluster_fidelity"))
     c.add_argument("--out", default=str(REPO / "results" / "cluster_fidelity"))
@@ -749,14 +813,21 @@ def main(argv: list[str] | None = None) -> None:
         Path(args.out).write_text(json.dumps(fit, indent=1) + "\n")
         print(json.dumps({k: fit[k] for k in ("timeslice", "switch_factor_fitted")}))
         return
+    if args.cmd == "fit-colocated":
+        from experiments.colocated_fit import fit_colocated
+
+        fit = fit_colocated(Path(args.engine), args.source)
+        Path(args.out).write_text(json.dumps(fit, indent=1) + "\n")
+        print(args.out)
+        return
     doc = compare(Path(args.table))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "cluster_fidelity.json").write_text(json.dumps(doc, separators=(",", ":")) + "\n")
-    print(json.dumps(doc["summary"]["rankings"][:2]))
-    for side in ("summary", "summary_shared_device", "summary_timeslice"):
-        keys = ("cases", "cases_within_band", "mean_abs_error_pts", "max_abs_error_pts")
-        print(side, json.dumps({k: doc[side][k] for k in keys}))
+    from experiments.cluster_fidelity_table import variants_table
+
+    (out / "variants.md").write_text(variants_table(doc))
+    print(variants_table(doc))
 
 
 if __name__ == "__main__":

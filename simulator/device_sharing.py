@@ -27,6 +27,14 @@ step in one mode; FCFS at step granularity spreads the decode steps (4 replicas,
 3.1 ms (median) to 9.5 ms (q99) where the engine's lie between 4.4 and 5.8: a step slips in
 between its neighbours' or waits for their whole steps.
 
+Slice counts come from one of two fits (``DeviceSpec.fit``): ``SliceFit``, deterministic per
+plan (variant (c) of docs/cluster.md), or ``SliceCounts``, drawn per step from the measured
+shares of 1..``MAX_SLICES`` slices at the step's own time (its replica's cost model's price;
+variant (d), with ``simulator.colocated_cost_model``, whose own-part prices those shares were
+measured against): the engine's steps of one shape split between one and two slices, which a
+deterministic count cannot. The draws are seeded (``SliceCounts.seed``), one per mixed step in
+booking order.
+
 The rule is causal, because the simulator needs a step's end when it is submitted: a step
 counts the neighbours' steps in flight at its submission (the pipelined engine plans a step
 while the one before runs, and the fit counts them at the same moment), and a step booked later
@@ -36,9 +44,11 @@ same ends; with no neighbour in flight a step takes exactly its isolated time.
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import json
 import math
+import random
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -57,6 +67,12 @@ SLICE_TERMS = (
     "decode_context",
     "decodes",
 )
+
+
+# ``SliceCounts``: a step with prefill chunks takes 1..MAX_SLICES slices, drawn by the bin of
+# its own time among these edges (seconds)
+MAX_SLICES = 4
+SLICE_EDGES_S = tuple(round(1e-3 * (1.0 + 0.25 * i), 6) for i in range(21))  # 1 .. 6 ms
 
 
 def slice_terms(plan: StepPlan) -> tuple[float, ...]:
@@ -101,26 +117,63 @@ class SliceFit:
 
 
 @dataclass(frozen=True, order=True)
+class SliceCounts:
+    """A mixed step's slice count drawn by its own time ``d``: in bin
+    ``bisect(edges_s, d)`` (``len(edges_s) + 1`` bins), 1..``len(row)`` slices with the
+    probabilities ``probs[bin]``; decode-only steps take 1. ``seed`` seeds the draws."""
+
+    edges_s: tuple[float, ...] = SLICE_EDGES_S
+    probs: tuple[tuple[float, ...], ...] = ()
+    seed: int = 0
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        if list(self.edges_s) != sorted(self.edges_s) or not self.edges_s:
+            raise ValueError(f"SliceCounts.edges_s must be increasing, got {self.edges_s!r}")
+        if len(self.probs) != len(self.edges_s) + 1:
+            raise ValueError(
+                f"SliceCounts.probs: {len(self.probs)} rows for {len(self.edges_s) + 1} bins"
+            )
+        for row in self.probs:
+            if not row or min(row) < 0 or abs(sum(row) - 1) > 1e-3:
+                raise ValueError(f"SliceCounts.probs rows must be distributions, got {row!r}")
+
+    def draw(self, plan: StepPlan | None, duration: float, rng: random.Random) -> int:
+        if plan is None or plan.num_prefill_tokens == 0:
+            return 1
+        row = self.probs[bisect.bisect(self.edges_s, duration)]
+        u, acc = rng.random(), 0.0
+        for n, p in enumerate(row, start=1):
+            acc += p
+            if u < acc:
+                return n
+        return len(row)
+
+
+@dataclass(frozen=True, order=True)
 class DeviceSpec:
     """A shared GPU: its name (replicas naming the same spec share it) and its sharing rule;
-    ``timeslice`` takes ``fit`` (None: ``SliceFit.from_file()``, read when the device is
-    made)."""
+    ``timeslice`` takes ``fit``: a ``SliceFit`` or ``SliceCounts`` (None:
+    ``SliceFit.from_file()``, read when the device is made)."""
 
     name: str
     sharing: str = "fcfs"
-    fit: SliceFit | None = None
+    fit: SliceFit | SliceCounts | None = None
 
     def __post_init__(self) -> None:
         if not (isinstance(self.name, str) and self.name):
             raise ValueError(f"DeviceSpec.name must be a non-empty str, got {self.name!r}")
         if self.sharing not in SHARING_RULES:
             raise ValueError(f"DeviceSpec.sharing {self.sharing!r}: known {SHARING_RULES}")
+        if self.fit is not None and not isinstance(self.fit, (SliceFit, SliceCounts)):
+            raise ValueError(f"DeviceSpec.fit must be a SliceFit or SliceCounts, got {self.fit!r}")
         if self.fit is not None and self.sharing != "timeslice":
             raise ValueError(f"DeviceSpec.fit is for sharing='timeslice', not {self.sharing!r}")
 
 
 class TimeSlices:
     """The ``timeslice`` rule's bookings: the steps whose end is still ahead, by end time.
+    With ``SliceCounts`` each mixed step's count is drawn (seeded) as it is booked.
 
     Contracts:
         * ``book(t, d, plan, now, owner)`` returns ``t + d + n * sum_j d_j / n_j >= t + d``
@@ -131,8 +184,9 @@ class TimeSlices:
           before it; bookings ending by ``now`` are dropped, so memory is O(steps in flight).
     """
 
-    def __init__(self, fit: SliceFit) -> None:
+    def __init__(self, fit: SliceFit | SliceCounts) -> None:
         self.fit = fit
+        self._rng = random.Random(fit.seed) if isinstance(fit, SliceCounts) else None
         # heap of (end, start, owner, isolated time per slice)
         self._ends: list[tuple[float, float, int, float]] = []
         self._now = -math.inf
@@ -148,7 +202,8 @@ class TimeSlices:
         while ends and ends[0][0] <= now:
             heapq.heappop(ends)
         others = sorted((o, per) for _, start, o, per in ends if start <= now and o != me)
-        n = self.fit.slices(plan)
+        rng = self._rng
+        n = self.fit.slices(plan) if rng is None else self.fit.draw(plan, duration, rng)
         end = t + duration + n * sum(per for _, per in others)
         heapq.heappush(ends, (end, t, me, duration / n))
         return end
