@@ -547,9 +547,11 @@ def tabulate(engine_root: Path, out: Path) -> Path:
     return out / "engine_cases.json"
 
 
-def compare(table: Path) -> dict:
+def compare(table: Path, seed: int = 0) -> dict:
     """Every tabulated engine case (``tabulate``'s files in ``table``) against its simulation;
-    the time-slice rule's weights from ``table/device_sharing_fit.json`` (``fit-sharing``)."""
+    the time-slice rule's weights from ``table/device_sharing_fit.json`` (``fit-sharing``),
+    the own-part fit from ``table/colocated_fit.json`` (``fit-colocated``; its slice counts
+    drawn with ``seed``)."""
     from horizon.workload import load_sharegpt, tokenize_corpus
     from simulator.device_sharing import DeviceSpec, SliceFit
 
@@ -566,7 +568,7 @@ def compare(table: Path) -> dict:
         models["isolated"] = isolated
         for key, case in zip(keys, mine):
             row, sims = compare_case(key, case, models, tokenized, timeslice)
-            row, more = compare_colocated(key, row, colocated, tokenized)
+            row, more = compare_colocated(key, row, colocated, tokenized, seed)
             sims.update(more)
             rows.append(row)
             for side, rec in sims.items():
@@ -600,13 +602,19 @@ def colocated_fold(key: CaseKey, side: str) -> str:
     return "all"
 
 
-def compare_colocated(key: CaseKey, row: dict, models: dict, tokenized) -> tuple:  # noqa: ANN001
-    """Variant (d)'s simulations of a case, added to its comparison row (figures and goodput
-    errors); returns (row, {side: ClusterRecords})."""
+def compare_colocated(
+    key: CaseKey,
+    row: dict,
+    models: dict,
+    tokenized,  # noqa: ANN001
+    seed: int = 0,
+) -> tuple:
+    """Variant (d)'s simulations of a case (slice counts drawn with ``seed``), added to its
+    comparison row (figures and goodput errors); returns (row, {side: ClusterRecords})."""
     sims = {}
     for side in COLOCATED_SIDES:
         m = models[colocated_fold(key, side)]
-        sims[side] = simulate_case(key, m, tokenized, device=m.device("gpu0", seed=0))
+        sims[side] = simulate_case(key, m, tokenized, device=m.device("gpu0", seed=seed))
         row[side] = figures(sims[side]) | {"fold": m.fold}
         row[f"goodput_error_pts_{side[4:]}"] = error_pts(row, side)
     return row, sims
@@ -800,6 +808,7 @@ def main(argv: list[str] | None = None) -> None:
     c = sub.add_parser("compare")
     c.add_argument("--table", default=str(REPO / "results" / "cluster_fidelity"))
     c.add_argument("--out", default=str(REPO / "results" / "cluster_fidelity"))
+    c.add_argument("--seed", type=int, default=0, help="variant (d)'s slice-count draws")
     args = ap.parse_args(argv)
     if args.cmd == "export":
         for p in export(Path(args.out)):
@@ -820,7 +829,7 @@ def main(argv: list[str] | None = None) -> None:
         Path(args.out).write_text(json.dumps(fit, indent=1) + "\n")
         print(args.out)
         return
-    doc = compare(Path(args.table))
+    doc = compare(Path(args.table), args.seed)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "cluster_fidelity.json").write_text(json.dumps(doc, separators=(",", ":")) + "\n")

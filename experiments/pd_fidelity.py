@@ -5,6 +5,7 @@
     for side in pd mixed; do python -m experiments.cluster_engine_replay \
         --manifest gpu_inputs/pd/$side/cluster_manifest.json --out ENGINE/$side; done
     python -m experiments.pd_fidelity compare ENGINE [--out results/pd_fidelity]
+    python -m experiments.pd_fidelity colocated     # + variant (d), from the committed table
 
 Cases: ShareGPT first turns (held-out half), Poisson at 2 loads x 3 seeds, on two Qwen2.5-0.5B
 shape replicas (seeded random weights, 2,000 KV blocks each, fcfs) co-located on one GPU:
@@ -38,6 +39,7 @@ SEEDS = (0, 1, 2)
 REQUESTS = 1500
 SLO_TTFT, SLO_ITL = 0.25, 0.01
 SIDES = {"pd": ("prefill", "decode"), "mixed": ("mixed", "mixed")}
+VARIANTS = ("isolated", "shared", "colocated")  # colocated: ``add_colocated``, variant (d)
 
 
 def case_name(load: float, seed: int) -> str:
@@ -90,13 +92,21 @@ def fit_link(engine_root: Path):  # noqa: ANN201 - simulator.kv_link.LinkSpec
     return LinkSpec.fit("same_gpu_ipc", nbytes, secs, f"{engine_root}: the engine's own copies")
 
 
-def simulate(side: str, requests, link, device: str | None):  # noqa: ANN001, ANN201
+def simulate(side: str, requests, link, device, cost_model=None):  # noqa: ANN001, ANN201
+    """A case on the simulator; ``device``: None (a GPU each), a name (shared, FCFS) or a
+    ``DeviceSpec``; ``cost_model``: every replica's, instead of the one-replica engine fit."""
+    from dataclasses import replace
+
     from experiments.cluster_setup import ReplicaSpec, simulate_cluster
     from horizon.cluster import make_router
 
     cache: dict = {}
-    setups = [ReplicaSpec(MODEL, num_blocks=NUM_BLOCKS, role=r, device=device).setup(None, cache)
+    named = device if isinstance(device, str) else None  # ReplicaSpec takes a name
+    setups = [ReplicaSpec(MODEL, num_blocks=NUM_BLOCKS, role=r, device=named).setup(None, cache)
               for r in SIDES[side]]  # fmt: skip
+    if cost_model is not None or not (device is None or isinstance(device, str)):
+        model = cost_model or setups[0].cost_model
+        setups = [replace(s, cost_model=model, device=device) for s in setups]
     pd = side == "pd"
     return simulate_cluster(
         setups,
@@ -156,6 +166,46 @@ def compare(engine_root: Path, out: Path) -> dict:
     return doc
 
 
+def case_requests(load: float, seed: int, tokenized):  # noqa: ANN001, ANN201
+    """A case's requests, as ``export`` wrote them (the same seeded build)."""
+    from horizon.workload import WorkloadConfig, build_workload
+
+    cfg = WorkloadConfig(num_requests=REQUESTS, rate=load, seed=seed,
+                         conversations="held_out", split_test_fraction=0.5)  # fmt: skip
+    return build_workload(cfg, tokenized).requests
+
+
+def add_colocated(table: Path, fold: str = "all") -> dict:
+    """Variant (d) of docs/cluster.md on every case of the committed ``pd_fidelity.json``
+    (its engine figures and fitted link; the requests built again as ``export`` built them):
+    both replicas on one time-sliced GPU, each step's own part priced by
+    ``simulator.colocated_cost_model`` (fold ``fold``, fitted to the mixed replicas of the
+    cluster comparison, none of these cases) and a mixed step's slices drawn. Adds the
+    ``colocated`` figures to each row and rewrites the summary and ``table.md``. Raises
+    ValueError where the rebuilt requests do not give the table's shared-device goodput
+    again (then they are not the requests the engine ran)."""
+    from horizon.workload import load_sharegpt, tokenize_corpus
+    from simulator.colocated_cost_model import ColocatedCostModel
+    from simulator.kv_link import LinkSpec
+
+    doc = json.loads((table / "pd_fidelity.json").read_text())
+    link = LinkSpec("same_gpu_ipc", doc["link"]["bandwidth_Bps"], doc["link"]["latency_s"])
+    model = ColocatedCostModel(fold=fold)
+    tokenized = tokenize_corpus(load_sharegpt(), REPO / "data" / "cache" / "sharegpt_qwen2.5.npz")
+    for row in doc["rows"]:
+        requests = case_requests(row["load"], row["seed"], tokenized)
+        again = figures(simulate(row["side"], requests, link, "gpu0"))["goodput"]
+        if again != row["shared"]["goodput"]:  # the requests the engine and the table ran
+            raise ValueError(f"{row['side']} {row['load']:g}/{row['seed']}: requests differ")
+        device = model.device("gpu0", seed=row["seed"])
+        row["colocated"] = figures(simulate(row["side"], requests, link, device, model))
+        row["colocated"]["fold"] = fold
+    doc["summary"] = summary(doc)
+    (table / "pd_fidelity.json").write_text(json.dumps(doc, indent=1) + "\n")
+    (table / "table.md").write_text(render(doc["summary"]))
+    return doc
+
+
 def summary(doc: dict) -> list[dict]:
     """Per side, load and simulator variant: seed means of engine and simulator figures, the
     goodput error (points) and the relative errors of the latency means; P/D rows add the
@@ -164,7 +214,9 @@ def summary(doc: dict) -> list[dict]:
     for side in SIDES:
         for load in LOADS:
             rows = [r for r in doc["rows"] if r["side"] == side and r["load"] == load]
-            for variant in ("isolated", "shared"):
+            for variant in VARIANTS:
+                if not all(variant in r for r in rows):
+                    continue
                 row = {"side": side, "load": load, "sim": variant, "seeds": len(rows)}
                 for k in ("goodput", "ttft_mean", "itl_mean", "e2e_mean"):
                     eng = float(np.mean([r["engine"][k] for r in rows]))
@@ -223,10 +275,15 @@ def main(argv: list[str] | None = None) -> None:
     c = sub.add_parser("compare")
     c.add_argument("engine")
     c.add_argument("--out", default=str(REPO / "results" / "pd_fidelity"))
+    a = sub.add_parser("colocated", help="add variant (d) to the committed table")
+    a.add_argument("--table", default=str(REPO / "results" / "pd_fidelity"))
+    a.add_argument("--fold", default="all")
     args = ap.parse_args(argv)
     if args.cmd == "export":
         for p in export(Path(args.out)):
             print(p)
+    elif args.cmd == "colocated":
+        print(render(add_colocated(Path(args.table), args.fold)["summary"]))
     else:
         compare(Path(args.engine), Path(args.out))
 

@@ -1,0 +1,33 @@
+"""The P/D fidelity summary (``experiments.pd_fidelity.summary``): a simulator variant appears
+only where every seed's row has it, with the engine's figures beside it."""
+
+from __future__ import annotations
+
+from experiments.pd_fidelity import LOADS, SEEDS, SIDES, render, summary
+
+
+def _figures(goodput: float, pd: bool) -> dict:
+    out = {"goodput": goodput, "ttft_mean": 0.01, "itl_mean": 0.002, "e2e_mean": 0.4}
+    if pd:
+        out["ttft_parts"] = {"transfer": 0.0015, "kv_wait": 0.0, "first_decode": 0.003}
+    return out
+
+
+def test_a_variant_is_summarized_where_every_row_has_it():
+    rows = []
+    for side in SIDES:
+        for load in LOADS:
+            for seed in SEEDS:
+                pd = side == "pd"
+                row = {"side": side, "load": load, "seed": seed, "engine": _figures(0.9, pd)}
+                row["isolated"] = _figures(1.0, pd)
+                row["shared"] = _figures(0.95, pd)
+                if side == "pd":  # the new variant on one side only
+                    row["colocated"] = _figures(0.9 if seed else 0.8, pd)
+                rows.append(row)
+    out = summary({"rows": rows})
+    got = {(r["side"], r["load"], r["sim"]) for r in out}
+    assert ("pd", LOADS[0], "colocated") in got and ("mixed", LOADS[0], "colocated") not in got
+    col = next(r for r in out if r["sim"] == "colocated")
+    assert abs(col["goodput"]["max_err_pts"] - 10.0) < 1e-9  # seed 0: 0.8 against 0.9
+    assert "| pd | " in render(out)
