@@ -5,7 +5,7 @@
 # serving ShareGPT text (Qwen's BPE, forced lengths) with the server's records.
 #   bash docs/notes/run_serve.sh a        -> $OUT/serve_bench.json, $OUT/loadgen_7b.tar.gz
 # Part "b": the bench alone, both servers (engine in its own process, and on a thread) at 64,
-# 128 and 256 streams in one run.
+# 128 and 256 streams in one run (ENGINES=process: the first alone).
 #   bash docs/notes/run_serve.sh b        -> $OUT/serve_bench.json
 # Part "c": GuideLLM at rates around the knee (30, 50, 70 req/s, 600 requests each) against
 # the 7B shape with Qwen's BPE, the engine in its own process, prefix caching off (every rate
@@ -76,9 +76,9 @@ if [ "$part" = a ]; then
   tar -czf "$OUT/loadgen_7b.tar.gz" -C "$OUT" loadgen_7b && rm -rf "$OUT/loadgen_7b"
 fi
 if [ "$part" = b ]; then
-  timeout 560 python3 -m executor.serve.bench --model qwen2.5-7b --concurrency 64,128,256 \
+  timeout 560 python3 -m executor.serve.bench --model qwen2.5-7b --concurrency ${CONC:-64,128,256} \
     --requests 256 --prompt-len 256 --output-len 128 --low-load-requests 32 \
-    --low-load-output 16 --engine process,thread --json-out "$OUT/serve_bench.json" \
+    --low-load-output 16 --engine ${ENGINES:-process,thread} --json-out "$OUT/serve_bench.json" \
     > "$OUT/serve_bench.log" 2>&1; echo "bench rc $?"; tail -12 "$OUT/serve_bench.log"
 fi
 if [ "$part" = c ]; then
