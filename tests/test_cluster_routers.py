@@ -188,3 +188,20 @@ def test_every_builtin_router_is_registered_and_bad_knobs_name_the_field():
     hashes = PromptHashes()
     r = _req(1, PREFIX)
     assert hashes.of(r, 16) is hashes.of(r, 16) and hashes.known(_req(2), 16) is None
+
+
+def test_least_loaded_index_reads_load_key_and_takes_views_without_one():
+    from types import SimpleNamespace
+
+    from horizon.cluster import least_loaded_index
+
+    c = _cluster(4, "least_loaded")
+    _load(c, 0, 2)
+    _load(c, 2, 1)
+    _step(c.replicas[2])
+    for v in c.views:  # a live view's one-frame key is (load, routed)
+        assert v.load_key == (v.load, v.routed) == (v.num_waiting + v.num_running, v.routed)
+    assert least_loaded_index(c.views) == 1
+    ducks = [SimpleNamespace(load=v.load, routed=v.routed) for v in c.views]
+    assert least_loaded_index(ducks) == 1  # no load_key: (load, routed) read
+    assert least_loaded_index([]) == 0
