@@ -237,8 +237,8 @@ class Engine:
             cuda_graphs=config.cuda_graphs,
             mixed_graphs=config.mixed_graphs,
             graph_batch_sizes=config.graph_batch_sizes,
-            prompt_of=self._prompt_of,
-            sampling_of=self._sampling_of,
+            prompt_of=self.prompt_of,
+            sampling_of=self.sampling_of,
             drafter=None
             if config.speculation is None
             else make_drafter(config.drafter, **dict(config.drafter_options)),
@@ -248,12 +248,14 @@ class Engine:
         self.scheduler: Scheduler | None = None  # the latest run's
 
     # -- per-request inputs ----------------------------------------------------------------------
-    def _prompt_of(self, r: Request) -> Sequence[int]:
+    def prompt_of(self, r: Request) -> Sequence[int]:
+        """``r``'s prompt ids: its own, else seeded synthetic ones of its length."""
         if r.prompt_token_ids is not None:
             return r.prompt_token_ids
         return synthetic_prompt(r, self.model.config.vocab_size, self.config.seed)
 
-    def _sampling_of(self, r: Request) -> SamplingParams:
+    def sampling_of(self, r: Request) -> SamplingParams:
+        """``r``'s sampling parameters (a seed of its own where sampling asks for one)."""
         s = self._sampling
         params = s(r) if callable(s) else (s or SamplingParams())
         if params.seed == 0 and not params.greedy:

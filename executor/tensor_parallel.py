@@ -15,8 +15,10 @@ query heads share, replicated on ``world / num_kv_heads`` ranks.
 What is here is the model's split, run by any ``Attention`` over the rank's heads (each rank
 holds its heads' KV cache), and so by the engine: an ``Engine`` over a rank's part keeps a KV
 tensor of the rank's heads. Offline runs (every request queued at the start) need no plan to
-travel: each rank's scheduler makes the same plans from the same requests. Not yet: the plan
-broadcast from rank 0 that online (wall-clock) runs need, and CUDA graphs per rank.
+travel: each rank's scheduler makes the same plans from the same requests. Online (wall-clock)
+runs have one scheduler, rank 0's, which broadcasts each step (``executor.plan_broadcast``);
+``online_run`` is such a run. Not yet: CUDA graphs per rank (each rank's runner captures its
+own, untested on GPUs).
 
     python -m executor.tensor_parallel --world 2     # gloo on the CPU: TP=2 against TP=1
 """
@@ -160,17 +162,46 @@ def engine_run(model: CausalLM) -> tuple[dict[int, list[int]], int]:
     """The check's offline engine run (torch attention, trace lengths): each request's tokens
     and the number of steps. Every rank schedules the same requests, all queued at the start,
     with the same deterministic scheduler, so every rank makes the same plans."""
-    from executor.engine import Engine, EngineConfig
+    from executor.engine import Engine
+
+    engine = Engine(model, _engine_config())
+    records = engine.run_offline(_requests())
+    return {k: list(v) for k, v in engine.outputs.items()}, len(records.step_end)
+
+
+def _requests(arrival_gap: float = 0.0) -> list:
     from horizon.request import Request
 
-    cfg = EngineConfig(num_blocks=96, block_size=4, max_num_batched_tokens=16, max_num_seqs=4,
-                       max_model_len=128, attention_backend="torch", stop="trace")  # fmt: skip
-    engine = Engine(model, cfg)
-    reqs = [Request(i, 0.0, len(PROMPT) + i, 10 + i, 10 + i,
+    return [Request(i, i * arrival_gap, len(PROMPT) + i, 10 + i, 10 + i,
                     prompt_token_ids=tuple(PROMPT + list(range(20, 20 + i))))
             for i in range(6)]  # fmt: skip
-    records = engine.run_offline(reqs)
-    return {k: list(v) for k, v in engine.outputs.items()}, len(records.step_end)
+
+
+def _engine_config(num_blocks: int = 96):  # noqa: ANN202
+    from executor.engine import EngineConfig
+
+    return EngineConfig(num_blocks=num_blocks, block_size=4, max_num_batched_tokens=16,
+                        max_num_seqs=4, max_model_len=128, attention_backend="torch",
+                        stop="trace")  # fmt: skip
+
+
+def online_run(part: CausalLM, rank: int) -> tuple[dict[int, list[int]], int, int]:
+    """The check's online run: arrivals 2 ms apart on the wall clock, a pool of 12 blocks (the
+    requests preempt each other), rank 0 scheduling and broadcasting each step, the other
+    ranks following. Each request's tokens on this rank, the steps and the preemptions."""
+    from executor.engine import Engine
+    from executor.plan_broadcast import PlanBroadcast, follow, follower_sampling
+
+    if rank != 0:
+        return follow(Engine(part, _engine_config(12), sampling=follower_sampling).runner)
+    engine = Engine(part, _engine_config(12))
+    engine.runner = PlanBroadcast(engine.runner, engine.prompt_of, engine.sampling_of)
+    try:
+        records = engine.run_online(_requests(0.002))
+    finally:
+        engine.runner.close()
+    outputs = {k: list(v) for k, v in engine.outputs.items()}
+    return outputs, len(records.step_end), int(records.num_preemptions.sum())
 
 
 def _rank_main(rank: int, world: int, init: str, hf_overrides: dict, n: int, out) -> None:  # noqa: ANN001
@@ -181,15 +212,17 @@ def _rank_main(rank: int, world: int, init: str, hf_overrides: dict, n: int, out
     try:
         part = shard(_tiny(hf_overrides), rank, world)
         tokens, logits = greedy_decode(part, PROMPT, n)
-        out.put((rank, tokens, logits, engine_run(part)))
+        # plain numbers: a tensor would travel as a file descriptor of this (exiting) process
+        out.put((rank, tokens, logits.tolist(), engine_run(part), online_run(part, rank)))
     finally:
         dist.destroy_process_group()
 
 
 def check(world: int = 2, hf_overrides: dict | None = None, n: int = 16) -> dict:
     """TP=``world`` on the tiny model on the CPU (gloo, spawned ranks) against TP=1: a dense
-    greedy decode (every rank's tokens, the largest logit difference at its last step) and an
-    offline engine run over the paged KV cache (each rank's tokens per request and steps)."""
+    greedy decode (every rank's tokens, the largest logit difference at its last step), an
+    offline engine run over the paged KV cache (each rank's tokens per request and steps) and an
+    online run with rank 0's plans broadcast (``online_run``: each rank's tokens and steps)."""
     import torch.multiprocessing as mp
 
     from executor.model.testing import greedy_decode
@@ -208,13 +241,14 @@ def check(world: int = 2, hf_overrides: dict | None = None, n: int = 16) -> dict
         got = sorted((q.get(timeout=300) for _ in procs), key=lambda g: g[0])
         for p in procs:
             p.join(60)
-    diff = max(float((g[2] - ref_logits).abs().max()) for g in got)
+    diff = max(float((torch.tensor(g[2]) - ref_logits).abs().max()) for g in got)
     return {
         "reference": ref,
         "ranks": [g[1] for g in got],
         "max_logit_diff": diff,
         "engine_reference": engine_run(model),
         "engine_ranks": [g[3] for g in got],
+        "online_ranks": [g[4] for g in got],
     }
 
 
@@ -227,11 +261,14 @@ def main(argv: list[str] | None = None) -> int:
     r = check(args.world, kv)
     same = all(t == r["reference"] for t in r["ranks"])
     engine = all(e == r["engine_reference"] for e in r["engine_ranks"])
-    print(f"TP={args.world} against TP=1: dense greedy tokens "
-          f"{'identical' if same else 'DIFFERENT'} on every rank (largest logit difference "
-          f"{r['max_logit_diff']:.2e}); paged engine run {'identical' if engine else 'DIFFERENT'}"
-          f" ({r['engine_reference'][1]} steps)")  # fmt: skip
-    return 0 if same and engine else 1
+    online = all(o[0] == r["engine_reference"][0] for o in r["online_ranks"])
+    _, steps, preempted = r["online_ranks"][0]
+    word = {True: "identical", False: "DIFFERENT"}
+    print(f"TP={args.world} against TP=1: dense greedy tokens {word[same]} on every rank "
+          f"(largest logit difference {r['max_logit_diff']:.2e}); paged engine run "
+          f"{word[engine]} ({r['engine_reference'][1]} steps); online, rank 0's plans "
+          f"broadcast: {word[online]} ({steps} steps, {preempted} preempted)")  # fmt: skip
+    return 0 if same and engine and online else 1
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """Tensor parallelism of the decoder on the CPU: TP=2 with gloo in two spawned processes gives
-the same greedy tokens as TP=1 (fp32), densely and through the engine's paged KV cache, with
-the KV head replicated (1 KV head, 2 ranks) and split (2 KV heads); the split's layout and its
-errors."""
+the same greedy tokens as TP=1 (fp32), densely and through the engine's paged KV cache
+(offline, and online with rank 0's plans broadcast to rank 1, preemptions included), with the
+KV head replicated (1 KV head, 2 ranks) and split (2 KV heads); the split's layout and its
+errors; the plan broadcast's table deltas."""
 
 from __future__ import annotations
 
@@ -19,6 +20,9 @@ def test_tp2_greedy_tokens_equal_tp1(kv_heads):
     outputs, steps = r["engine_reference"]
     assert outputs[0] == r["reference"][:10]  # the engine's request 0 is the dense prompt
     assert r["engine_ranks"] == [(outputs, steps)] * 2
+    # online: rank 0 schedules and broadcasts; rank 1 follows; both ranks' tokens are TP=1's
+    (out0, steps0, pre0), (out1, steps1, pre1) = r["online_ranks"]
+    assert out0 == out1 == outputs and steps1 == steps0 and pre1 == pre0
 
 
 def test_layout_splits_heads_and_replicates_a_shared_kv_head():
