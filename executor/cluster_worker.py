@@ -289,10 +289,13 @@ def step_reporter(
 class InboxArrivals:
     """The serving loop's ``Arrivals`` over the worker's inbox (``horizon.serving_loop``).
 
-    ``admit`` drains the inbox without blocking and adds every request (each was routed at or
-    after its arrival on the shared clock, so it is due); ``wait`` blocks on the inbox for at
-    most ``poll_s`` (or until ``end``) and returns a deadline already past, so the loop wakes
-    as soon as a message arrives. Exhausted once "end" was read and nothing waits.
+    ``admit`` drains the inbox without blocking and adds the requests due at the boundary's
+    ``now`` (each was routed at or after its arrival on the shared clock, but the loop read
+    ``now`` before the drain: one that came after is left for the next boundary, so no request
+    is admitted at a time before its arrival); ``wait`` blocks on the inbox for at most
+    ``poll_s`` (or until ``end``, or the next pending arrival) and returns a deadline already
+    past, so the loop wakes as soon as a message arrives. Exhausted once "end" was read and
+    nothing waits.
     """
 
     def __init__(
@@ -334,14 +337,14 @@ class InboxArrivals:
         self._drain()
         self._handle_transfers(stopped=False)
         pending, accept = self._pending, self._replica.accept
-        while pending:
+        while pending and pending[0].arrival_time <= now:
             r = pending.popleft()
             accept(r, now)
             sched.add(r)
 
     def due(self, now: float) -> bool:
         self._drain()
-        return bool(self._pending or self._transfers)
+        return bool(self._transfers) or bool(self._pending and self._pending[0].arrival_time <= now)
 
     @property
     def exhausted(self) -> bool:
@@ -350,6 +353,8 @@ class InboxArrivals:
 
     def wait(self, now: float, end: float) -> float:
         timeout = min(self._poll, end - now)
+        if self._pending:
+            timeout = min(timeout, self._pending[0].arrival_time - now)
         if timeout > 0:
             with contextlib.suppress(queue.Empty):
                 self._take(self._inbox.get(timeout=timeout))
@@ -363,7 +368,7 @@ class InboxArrivals:
             self._take(self._inbox.get())
             self._handle_transfers(stopped=True)
         self._handle_transfers(stopped=True)
-        self.admit(sched, now)
+        self.admit(sched, math.inf)
 
     def _handle_transfers(self, stopped: bool) -> None:
         """The queued "import" and "release" messages, in order: a release frees its
