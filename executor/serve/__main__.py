@@ -22,6 +22,7 @@ import torch
 from executor.engine import EngineConfig
 from executor.serve.model_loading import TOKENIZERS, load_model
 from horizon.policies.base import Policy
+from horizon.speculation import SpeculationConfig
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -74,6 +75,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         choices=("process", "thread"),
         help="the engine in a process of its own (default), or on a thread of the server's",
     )
+    p.add_argument(
+        "--speculation",
+        type=int,
+        default=0,
+        help="draft tokens per request per step (n-gram prompt lookup, fixed k; 0: off)",
+    )
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     return p.parse_args(argv)
@@ -92,7 +99,14 @@ def engine_config(args: argparse.Namespace, max_positions: int) -> EngineConfig:
         cuda_graphs=False if args.no_cuda_graphs else None,
         stop="eos",
         seed=args.seed,
+        speculation=_speculation(args.speculation),
     )
+
+
+def _speculation(k: int) -> SpeculationConfig | None:
+    if k < 0:
+        raise ValueError(f"--speculation must be >= 0 draft tokens, got {k}")
+    return SpeculationConfig(policy="fixed", num_draft_tokens=k) if k else None
 
 
 def main(argv: list[str] | None = None, policy: Policy | None = None) -> int:

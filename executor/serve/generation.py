@@ -54,6 +54,11 @@ class Generation:
         text, finish = self._text.feed(token, n, finish)
         return Event(self.request_id, text, (token,), n, finish, now)
 
+    @property
+    def tokens_left(self) -> int:
+        """Tokens it may still generate (``max_tokens`` less those generated)."""
+        return self.params.max_tokens - self.n
+
     def end(self, reason: str, now: float, error: str = "") -> Event:
         """The last event of a request stopped from outside (aborted, or an engine error)."""
         return Event(self.request_id, "", (), self.n, reason, now, error)

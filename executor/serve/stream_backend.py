@@ -47,22 +47,44 @@ class StreamBackend(EngineBackend):
         self.generations[generation.request_id] = generation
 
     def execute(self, plan: StepPlan) -> StepResult:
-        """Run the plan; each emitted token goes through its request's stopping rule."""
+        """Run the plan; each emitted token goes through its request's stopping rule (a
+        verification's tokens one by one, up to the first that ends the request: its accepted
+        count is what was kept)."""
         t0 = time.perf_counter()
         self.num_preemptions += len(plan.preempted)
-        out = self.runner.execute(plan, self.sched.kv.blocks_of)
+        gens = self.generations
+        limits = [gens[r.request_id].tokens_left for r, _ in plan.verifies]
+        out = self.runner.execute(plan, self.sched.kv.blocks_of, emit_limits=limits or None)
         now = time.perf_counter()
-        gens, events, finished = self.generations, self._events, []
+        events, finished = self._events, []
         for r, token in zip(out.requests, out.tokens):
             event = gens[r.request_id].push(token, now)
             events.append(event)
             if event.finish_reason is not None:
                 finished.append(r)
+        accepted = None
+        if plan.verifies:
+            accepted = self._verified(plan, out.verified, now, finished)
         for r in finished:
             self.runner.release(r)
             del gens[r.request_id]
         self.flush()
-        return StepResult(time.perf_counter() - t0, tuple(finished))
+        return StepResult(time.perf_counter() - t0, tuple(finished), accepted=accepted)
+
+    def _verified(self, plan: StepPlan, verified, now: float, finished: list) -> tuple[int, ...]:  # noqa: ANN001
+        """Each verification's tokens through its generation; the accepted counts kept."""
+        accepted = []
+        for (r, _), tokens in zip(plan.verifies, verified):
+            gen, kept = self.generations[r.request_id], 0
+            for token in tokens:
+                kept += 1
+                event = gen.push(token, now)
+                self._events.append(event)
+                if event.finish_reason is not None:
+                    finished.append(r)
+                    break
+            accepted.append(kept - 1)
+        return tuple(accepted)
 
     def end(self, requests: Iterable[Request], reason: str, now: float, error: str = "") -> None:
         """Requests that left the scheduler without finishing (aborted, rejected): the runner
