@@ -2,11 +2,14 @@
 the 7B shape's capacity on one H200 (roofline cost model), fcfs, one core.
 
     python -m experiments.bench_sim [--requests N] [--load 0.9] [--mode event|reference]
-        [--cost-model roofline|engine_fitted]
+        [--cost-model roofline|engine_fitted] [--speculation K [--alpha 0.7]]
 
 ``--cost-model engine_fitted``: the configs' default, fitted to the engine's online 7B steps,
 with the engine's loop (``backend=sim_engine``: a step planned while the previous one runs,
-arrivals queued between steps).
+arrivals queued between steps). ``--speculation K``: every decoding request verifies ``K``
+n-gram drafts per step (``fixed`` policy), each accepted with probability ``--alpha`` given
+the ones before it (``simulator.acceptance``, seeded); the load is then a fraction of the
+speculating engine's own measured capacity.
 
 Capacity is measured, not assumed: a saturated probe (every request at t=0) gives the
 completed requests per simulated second. The same run is timed ``--repeat`` times (fresh
@@ -31,13 +34,18 @@ from horizon.metrics.records import RunRecords
 from horizon.model_shape import model_shape
 from horizon.policies import make_policy
 from horizon.scheduler_config import SchedulerConfig
+from horizon.speculation import SpeculationConfig
 from horizon.workload import WorkloadConfig, build_workload, load_sharegpt, tokenize_corpus
 from simulator import Simulation, gpu_spec, make_cost_model
+from simulator.acceptance import AcceptanceModel
 
 REPO = Path(__file__).resolve().parents[1]
 
 
-def _run(requests, config, policy, cost_model, engine_loop) -> tuple[object, float]:  # noqa: ANN001
+def _run(requests, config, policy, cost_model, engine_loop, alpha) -> tuple[object, float]:  # noqa: ANN001
+    acceptance = None
+    if config.speculation is not None:
+        acceptance = AcceptanceModel.geometric(alpha, seed=0)
     t0 = time.perf_counter()
     rec = Simulation(
         requests,
@@ -46,6 +54,7 @@ def _run(requests, config, policy, cost_model, engine_loop) -> tuple[object, flo
         cost_model,
         pipelined=engine_loop,
         arrivals_at_step_boundaries=engine_loop,
+        acceptance=acceptance,
     ).run()
     return rec, time.perf_counter() - t0
 
@@ -60,7 +69,12 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--repeat", type=int, default=3, help="timed runs; wall_s is their median")
     ap.add_argument("--cache", default=str(REPO / "data" / "cache" / "sharegpt_qwen2.npz"))
     ap.add_argument("--cost-model", default="roofline", choices=["roofline", "engine_fitted"])
-    return ap.parse_args(argv)
+    ap.add_argument("--speculation", type=int, default=0, help="draft tokens per step (0: off)")
+    ap.add_argument("--alpha", type=float, default=0.7, help="stated acceptance per draft")
+    args = ap.parse_args(argv)
+    if args.speculation < 0 or not 0.0 <= args.alpha <= 1.0:
+        ap.error("--speculation must be >= 0 and --alpha in [0, 1]")
+    return args
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -74,9 +88,13 @@ def main(argv: list[str] | None = None) -> dict:
     cost_model = make_cost_model(
         args.cost_model, shape=shape, gpu=gpu, **(options if engine_loop else {})
     )
+    spec = None
+    if args.speculation:
+        spec = SpeculationConfig(policy="fixed", num_draft_tokens=args.speculation)
     config = SchedulerConfig(
-        num_blocks=shape.kv_blocks(gpu.memory_bytes, 0.9, 16), step_mode=args.mode
-    )
+        num_blocks=shape.kv_blocks(gpu.memory_bytes, 0.9, 16), step_mode=args.mode,
+        speculation=spec,
+    )  # fmt: skip
     tokenized = tokenize_corpus(load_sharegpt(), args.cache)
 
     def workload(rate: float, n: int):  # noqa: ANN202
@@ -86,14 +104,16 @@ def main(argv: list[str] | None = None) -> dict:
     probe = workload(1.0, 2000).new_requests()
     for r in probe:
         r.arrival_time = 0.0
-    rec, _ = _run(probe, config, args.policy, cost_model, engine_loop)
+    rec, _ = _run(probe, config, args.policy, cost_model, engine_loop, args.alpha)
     capacity = 2000 / float(rec.step_end[-1])
     rate = args.load * capacity
 
     timed = workload(rate, args.requests)
     walls = []
     for _ in range(max(1, args.repeat)):
-        rec, w = _run(timed.new_requests(), config, args.policy, cost_model, engine_loop)
+        rec, w = _run(
+            timed.new_requests(), config, args.policy, cost_model, engine_loop, args.alpha
+        )
         walls.append(w)
     out = _result(args, rec, walls, capacity, rate)
     out.update(model=shape.name, gpu=gpu.name, num_blocks=config.num_blocks)
@@ -123,6 +143,8 @@ def _result(
         "policy": args.policy,
         "mode": args.mode,
         "cost_model": args.cost_model,
+        "speculation": args.speculation,
+        "alpha": args.alpha if args.speculation else None,
     }
 
 
