@@ -9,6 +9,12 @@ delay need not be a multiple of the interval. ``slo_attainment``: with ``Autosca
 set, the share of the requests that finished in the past interval with their first token
 within its TTFT and every gap within its ITL (a request's own ``slo`` where it has one; None
 when none finished); without it, None.
+
+A disaggregated cluster scales its prefill and its decode replicas as two pools
+(``Autoscaling``: one driver, fleet and autoscaler each, settings per role): a pool's view
+holds its own replicas, its ``arrivals`` count the requests routed to it (a decode pool's:
+the handoffs placed on it), and its ``slo_attainment`` the requests that finished on it (a
+prefill pool's: None, its requests finish elsewhere).
 """
 
 from __future__ import annotations
@@ -57,10 +63,16 @@ class AutoscaleDriver:
     """Runs ``autoscaler`` over ``cluster`` on ``env`` (see the module docstring)."""
 
     def __init__(
-        self, env: simpy.Environment, cluster: Cluster, autoscaler: Autoscaler, cfg: AutoscaleConfig
+        self,
+        env: simpy.Environment,
+        cluster: Cluster,
+        autoscaler: Autoscaler,
+        cfg: AutoscaleConfig,
+        pool: tuple[int, ...] | None = None,
     ) -> None:
         self.env, self.cluster, self.autoscaler, self.cfg = env, cluster, autoscaler, cfg
-        self.fleet = Fleet(cluster, cfg.startup_delay_s, cfg.initial, cfg.min_replicas)
+        self.fleet = Fleet(cluster, cfg.startup_delay_s, cfg.initial, cfg.min_replicas, pool)
+        self._members = tuple(cluster.replicas[i] for i in self.fleet.pool)
         self.arrivals: list[int] = []
         self._routed = 0
         # with ``cfg.slo``: requests whose finishing step has ended, not yet counted
@@ -99,11 +111,11 @@ class AutoscaleDriver:
     def _decide(self, now: float) -> None:
         fleet, cluster = self.fleet, self.cluster
         fleet.tick(now)
-        routed = cluster.num_routed
+        routed = sum(r.routed + r.imported for r in self._members)
         self.arrivals.append(routed - self._routed)
         self._routed = routed
         del self.arrivals[: -self.cfg.history]
-        active = [i for i, s in enumerate(fleet.state) if s == "active"]
+        active = [i for i, s in zip(fleet.pool, fleet.state) if s == "active"]
         view = FleetView(
             now=now,
             interval_s=self.cfg.interval_s,
@@ -116,6 +128,7 @@ class AutoscaleDriver:
             replicas=tuple(cluster.views[i] for i in active),
             arrivals=tuple(self.arrivals),
             slo_attainment=self._attainment() if self.measures_slo else None,
+            role=fleet.role,
         )
         desired = self.autoscaler.decide(view)
         before = set(i for i, s in enumerate(fleet.state) if s == "starting")
@@ -142,3 +155,62 @@ class AutoscaleDriver:
     def check_integrity(self) -> None:
         self.fleet.check_integrity()
         self.autoscaler.check_integrity()
+
+
+class Autoscaling:
+    """Every pool's ``AutoscaleDriver`` of one run: one pool of all replicas (mixed ones), or
+    one per role of a disaggregated cluster.
+
+    Args:
+        autoscaler: an ``Autoscaler`` (mixed replicas), or one per role
+            (``{"prefill": ..., "decode": ...}``: a fresh object each).
+        cfg: an ``AutoscaleConfig``, or one per role (a role without one: the defaults).
+    """
+
+    def __init__(
+        self,
+        env: simpy.Environment,
+        cluster: Cluster,
+        autoscaler: Autoscaler | dict[str, Autoscaler],
+        cfg: AutoscaleConfig | dict[str, AutoscaleConfig] | None,
+    ) -> None:
+        roles = sorted({r.role for r in cluster.replicas})
+        scalers = autoscaler if isinstance(autoscaler, dict) else {"mixed": autoscaler}
+        if sorted(scalers) != roles:
+            raise ValueError(f"ClusterSimulation.autoscaler: one per role {roles}, got "
+                             f"{sorted(scalers)}")  # fmt: skip
+        if len({id(a) for a in scalers.values()}) != len(scalers):
+            raise ValueError("ClusterSimulation.autoscaler: every role needs its own object")
+        cfgs = cfg if isinstance(cfg, dict) else {role: cfg for role in roles}
+        self.drivers: dict[str, AutoscaleDriver] = {}
+        self._of: dict[int, AutoscaleDriver] = {}
+        for role in roles:
+            pool = tuple(i for i, r in enumerate(cluster.replicas) if r.role == role)
+            c = cfgs.get(role) or AutoscaleConfig()
+            d = self.drivers[role] = AutoscaleDriver(env, cluster, scalers[role], c, pool)
+            self._of.update(dict.fromkeys(pool, d))
+
+    @property
+    def measures_slo(self) -> bool:
+        return any(d.measures_slo for d in self.drivers.values())
+
+    def finished(self, req: Request, recorder: Recorder, step: int, replica: int) -> None:
+        """``req`` finished in step ``step`` on replica ``replica`` (its pool counts it)."""
+        d = self._of[replica]
+        if d.measures_slo:
+            d.finished(req, recorder, step)
+
+    def processes(self) -> list:
+        return [d.run() for d in self.drivers.values()]
+
+    def summary(self, now: float) -> dict:
+        """One pool: its driver's summary; several: their GPU-seconds summed and each pool's
+        summary under ``pools``."""
+        if list(self.drivers) == ["mixed"]:
+            return self.drivers["mixed"].summary(now)
+        pools = {role: d.summary(now) for role, d in self.drivers.items()}
+        return {"gpu_seconds": sum(p["gpu_seconds"] for p in pools.values()), "pools": pools}
+
+    def check_integrity(self) -> None:
+        for d in self.drivers.values():
+            d.check_integrity()

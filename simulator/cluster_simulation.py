@@ -33,7 +33,7 @@ from horizon.request import Request
 from horizon.scheduler import Scheduler
 from horizon.scheduler_config import SchedulerConfig
 from horizon.serving_loop import serve
-from simulator.autoscaling import AutoscaleConfig, AutoscaleDriver
+from simulator.autoscaling import AutoscaleConfig, Autoscaling
 from simulator.backend import SimBackend
 from simulator.cluster_transfers import TransferDriver
 from simulator.cost_model import CostModel
@@ -76,7 +76,8 @@ class ClusterSimulation:
         decode_router, kv_link: for disaggregated replicas, the router that places a
             handed-off request on a decode replica and the link its KV crosses.
         autoscaler, autoscale: an autoscaler over the replicas (the most it may provision)
-            and its settings (``simulator.autoscaling``); None: every replica always on.
+            and its settings (``simulator.autoscaling``); None: every replica always on. With
+            prefill/decode roles, one of each per role (``{"prefill": ..., "decode": ...}``).
     """
 
     def __init__(
@@ -92,8 +93,8 @@ class ClusterSimulation:
         pipelined: bool = False,
         decode_router: Router | None = None,
         kv_link: LinkSpec | None = None,
-        autoscaler=None,  # noqa: ANN001 - horizon.cluster.Autoscaler
-        autoscale: AutoscaleConfig | None = None,
+        autoscaler=None,  # noqa: ANN001 - horizon.cluster.Autoscaler, or one per role
+        autoscale: AutoscaleConfig | dict[str, AutoscaleConfig] | None = None,
     ) -> None:
         if max_time is not None and not (math.isfinite(max_time) and max_time > 0):
             raise ValueError(f"max_time must be a finite number > 0, got {max_time!r}")
@@ -119,8 +120,7 @@ class ClusterSimulation:
         self._prefill_loops = sum(r.role == "prefill" for r in reps)
         self.autoscale = None
         if autoscaler is not None:
-            cfg = autoscale or AutoscaleConfig()
-            self.autoscale = AutoscaleDriver(env, self.cluster, autoscaler, cfg)
+            self.autoscale = Autoscaling(env, self.cluster, autoscaler, autoscale)
         names = sorted({s.device for s in replicas if s.device is not None})
         self.devices = {d: SharedDevice(d) for d in names}
         self.backends = [self._backend(s, r, pipelined) for s, r in zip(replicas, reps)]
@@ -156,7 +156,8 @@ class ClusterSimulation:
         env = self.env
         env.process(self._arrivals())
         if self.autoscale is not None:
-            env.process(self.autoscale.run())
+            for proc in self.autoscale.processes():
+                env.process(proc)
         procs = [
             env.process(self._replica(r, b, box))
             for r, b, box in zip(self.cluster.replicas, self.backends, self.inboxes)
@@ -237,14 +238,14 @@ class ClusterSimulation:
         release, scaler = self.release, self.autoscale
         if scaler is not None and not scaler.measures_slo:
             scaler = None
-        recorder = replica.scheduler.recorder
+        recorder, index = replica.scheduler.recorder, replica.index
 
         def on_step(plan: StepPlan, result: StepResult, end: float) -> None:
             if replica.needs_steps:
                 replica.observe_step(plan, result, end)
             if scaler is not None:
                 for r in result.finished:
-                    scaler.finished(r, recorder, plan.step)
+                    scaler.finished(r, recorder, plan.step, index)
             if release.open:
                 for r in result.finished:
                     nxt = release.finished(r, end)

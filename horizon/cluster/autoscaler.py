@@ -66,6 +66,9 @@ class FleetView:
             ending at ``now`` last (as long a history as the caller keeps; may be empty).
         slo_attainment: share of the requests finished in the last interval that met their SLO,
             in [0, 1]; None if none finished.
+        role: the role of the replicas this fleet scales: "mixed", or "prefill" / "decode"
+            (a disaggregated cluster scales each pool with its own autoscaler; a decode
+            pool's ``arrivals`` are the handoffs placed on it).
 
     Raises:
         ValueError: a field out of range (one line naming the field). Lists given for
@@ -83,6 +86,7 @@ class FleetView:
     replicas: tuple[ReplicaView, ...]
     arrivals: tuple[float, ...] = ()
     slo_attainment: float | None = None
+    role: str = "mixed"
 
     def __post_init__(self) -> None:
         _number("now", self.now, -math.inf)
@@ -108,6 +112,8 @@ class FleetView:
         for a in self.arrivals:
             _number("arrivals", a, 0.0)
         object.__setattr__(self, "arrivals", tuple(float(a) for a in self.arrivals))
+        if self.role not in ("mixed", "prefill", "decode"):
+            raise ValueError(f"FleetView.role must be mixed, prefill or decode, got {self.role!r}")
         s = self.slo_attainment
         if s is not None:
             _number("slo_attainment", s, 0.0)

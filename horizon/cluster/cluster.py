@@ -120,10 +120,15 @@ class Cluster:
 
     def set_routable(self, index: int, routable: bool) -> None:
         """Offer replica ``index`` to the router or not (an autoscaler's starting and draining
-        replicas are not); the router sees only routable replicas' views."""
+        replicas are not); the router sees only routable replicas' views, the decode router
+        only routable decode replicas'."""
         if self.routable[index] == routable:
             return
         self.routable[index] = routable
+        if self.replicas[index].role == "decode":
+            assert self.handoffs is not None
+            self.handoffs.set_routable(index, routable)
+            return
         self.first_views = tuple(
             v
             for v, r, ok in zip(self.views, self.replicas, self.routable)

@@ -71,15 +71,29 @@ class Handoffs:
     ) -> None:
         self.replicas = tuple(replicas)
         self.router = router
-        self.decode_views = tuple(v for v, r in zip(views, replicas) if r.role == "decode")
-        if not self.decode_views:
+        self._all_decode = tuple(v for v, r in zip(views, replicas) if r.role == "decode")
+        if not self._all_decode:
             raise ValueError("Cluster: prefill replicas need at least one decode replica")
-        # each decode view with its replica's scheduler (a view's index never changes)
-        self._decoders = tuple((v, self.replicas[v.index].scheduler) for v in self.decode_views)
+        self._closed: set[int] = set()  # decode replicas not routable (an autoscaler's)
+        self._offer()
         self.pending: list[tuple[Request, int, float]] = []  # (request, src, ready)
         self.in_flight: dict[int, Transfer] = {}
         self.done: list[Transfer] = []
         self.route_wall_s = 0.0
+
+    def _offer(self) -> None:
+        """The routable decode views, each with its replica's scheduler (a view's index never
+        changes)."""
+        self.decode_views = tuple(v for v in self._all_decode if v.index not in self._closed)
+        if not self.decode_views:
+            raise ValueError("Cluster: no routable decode replica left (min_replicas >= 1)")
+        self._decoders = tuple((v, self.replicas[v.index].scheduler) for v in self.decode_views)
+
+    def set_routable(self, index: int, routable: bool) -> None:
+        """Offer decode replica ``index`` to the decode router or not: one not offered takes
+        no new handoff (those in flight to it arrive)."""
+        (self._closed.discard if routable else self._closed.add)(index)
+        self._offer()
 
     def never_fits(self, r: Request) -> bool:
         """Whether no decode replica could ever hold ``r`` (it is then routed to one directly,
