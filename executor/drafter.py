@@ -7,11 +7,12 @@ fewer than ``k`` (none found): the request then verifies what was proposed (``m 
 ``m + 1`` query tokens, at most ``m`` accepted), which the scheduler's contract allows
 (``StepResult.accepted`` is ``0..k``; the blocks for the unused drafts are trimmed by its update).
 
-A drafter is a registered name (``ngram``, ``draft_model``) or ``package.module:Class``
-(``make_drafter``). A draft model plugs in through ``propose_batch``, which sees every
-verifying request of the step at once with its id (one batched forward of a smaller decoder,
-whose per-request state ``forget`` drops; ``executor.draft_model``); the built-in n-gram
-drafter is model-free, stateless, and loops over the requests.
+A drafter is a registered name (``ngram``, ``draft_model``, ``paged_draft_model``) or
+``package.module:Class`` (``make_drafter``). A draft model plugs in through ``propose_batch``,
+which sees every verifying request of the step at once with its id (batched forwards of a
+smaller decoder, whose per-request state ``forget`` drops: ``executor.draft_model``'s dense
+reference, ``executor.paged_draft``'s paged decode steps); the built-in n-gram drafter is
+model-free, stateless, and loops over the requests.
 """
 
 from __future__ import annotations
@@ -63,19 +64,29 @@ class NgramDrafter(Drafter):
 
     Args:
         min_n / max_n: n-gram lengths tried (``1 <= min_n <= max_n``).
+        pad: fill a proposal shorter than ``k`` with the history's last token, so every
+            verification has ``k + 1`` query tokens (for stated acceptance, where the draft
+            tokens mean nothing but their verification's cost does). Off by default.
     """
 
     name = "ngram"
 
-    def __init__(self, min_n: int = 1, max_n: int = 3) -> None:
+    def __init__(self, min_n: int = 1, max_n: int = 3, pad: bool = False) -> None:
         for field, v in (("min_n", min_n), ("max_n", max_n)):
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ValueError(f"NgramDrafter.{field} must be an int >= 1, got {v!r}")
         if min_n > max_n:
             raise ValueError(f"NgramDrafter.min_n ({min_n}) must be <= max_n ({max_n})")
-        self.min_n, self.max_n = min_n, max_n
+        self.min_n, self.max_n, self.pad = min_n, max_n, pad
 
     def propose(self, tokens: np.ndarray, k: int) -> np.ndarray:
+        found = self._lookup(tokens, k)
+        if not self.pad or len(found) >= k or k <= 0 or len(tokens) == 0:
+            return found
+        fill = np.full(k - len(found), tokens[-1], dtype=tokens.dtype)
+        return np.concatenate([found, fill])
+
+    def _lookup(self, tokens: np.ndarray, k: int) -> np.ndarray:
         n_len = len(tokens)
         if k <= 0 or n_len < self.min_n + 1:
             return tokens[:0]
@@ -103,9 +114,16 @@ def _draft_model(**options: object) -> Drafter:
     return DraftModelDrafter(**options)  # type: ignore[arg-type]
 
 
+def _paged_draft_model(**options: object) -> Drafter:
+    from executor.paged_draft import PagedDraftModelDrafter
+
+    return PagedDraftModelDrafter(**options)  # type: ignore[arg-type]
+
+
 DRAFTERS: Registry[Drafter] = Registry("drafter")
 DRAFTERS.register("ngram", NgramDrafter)
 DRAFTERS.register("draft_model", _draft_model)
+DRAFTERS.register("paged_draft_model", _paged_draft_model)
 
 
 def make_drafter(name: str, **options: object) -> Drafter:

@@ -41,6 +41,7 @@ from executor.kernels import allocate_kv_cache
 from executor.model import CausalLM
 from executor.runner import GRAPH_BATCH_SIZES, ModelRunner
 from executor.sampling import SamplingParams
+from horizon.acceptance import AcceptanceModel
 from horizon.metrics.records import RunRecords
 from horizon.policies.base import Policy
 from horizon.policies.registry import make_policy
@@ -83,6 +84,13 @@ class EngineConfig:
             is read as one. Runs serially (``async_steps`` must not be True; None means off).
         drafter: who proposes the drafts (``executor.drafter``: ``ngram``, or
             ``package.module:Class``), built once per engine with ``drafter_options``.
+        acceptance: None (default): drafts are accepted by the target's judgement (greedy, or
+            rejection sampling). Else a stated acceptance model (``horizon.acceptance``, the
+            simulator's): ``("geometric", alpha)``, ``("rates", (r1, ...))`` (seeded with
+            ``seed``, or a third item) or an ``AcceptanceModel``; each verification accepts as
+            many drafts as it draws and emits the target's token after them, for targets with
+            random weights, whose own acceptance means nothing (``ModelRunner``'s
+            ``acceptance``). Needs ``speculation``. Read as an ``AcceptanceModel``.
         seed: run seed of sampling (request ``r`` draws with ``seed * 1_000_003 + r + 1`` when its
             params leave the seed at 0) and of
             synthetic prompt ids for requests that carry none.
@@ -106,10 +114,19 @@ class EngineConfig:
     speculation: SpeculationConfig | None = None
     drafter: str = "ngram"
     drafter_options: tuple[tuple[str, object], ...] = ()
+    acceptance: AcceptanceModel | tuple | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.speculation, dict):
             object.__setattr__(self, "speculation", SpeculationConfig(**self.speculation))
+        if self.acceptance is not None:
+            try:
+                model = AcceptanceModel.from_spec(self.acceptance, self.seed)
+            except ValueError as e:
+                raise ValueError(f"EngineConfig.{e}") from None
+            object.__setattr__(self, "acceptance", model)
+            if self.speculation is None:
+                raise ValueError("EngineConfig.acceptance needs speculation (it has no drafts)")
         if self.speculation is not None and self.async_steps:
             raise ValueError(
                 "EngineConfig.async_steps must be off with speculation: the next plan depends on "
@@ -242,6 +259,7 @@ class Engine:
             drafter=None
             if config.speculation is None
             else make_drafter(config.drafter, **dict(config.drafter_options)),
+            acceptance=config.acceptance,
         )
         self._eos = frozenset(c.eos_token_ids)
         self.outputs: dict[int, list[int]] = {}
@@ -298,6 +316,7 @@ class Engine:
 
     def _new_run(self, policy: Policy | str) -> Scheduler:
         self.runner.reset()
+        self.runner.acceptance = self.config.acceptance  # a config swapped between runs
         self.outputs = {}
         policy = make_policy(policy) if isinstance(policy, str) else policy
         self.scheduler = Scheduler(self.config.scheduler_config(self.num_blocks), policy)

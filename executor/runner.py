@@ -55,6 +55,7 @@ from executor.drafter import Drafter
 from executor.kernels.tiling import decode_num_splits
 from executor.model import CausalLM
 from executor.sampling import SamplingBatch, SamplingParams, sample
+from horizon.acceptance import AcceptanceModel
 from horizon.plan import StepPlan
 from horizon.request import Request
 from horizon.step_buckets import GRAPH_BATCH_SIZES, decode_buckets, mixed_token_buckets
@@ -179,7 +180,9 @@ class _Pending:
 class _Verifies:
     """A step's verifications: rows, drafts, emit limits, the judgement's host copy."""
 
-    __slots__ = ("requests", "rows", "starts", "drafts", "limits", "stop_ids", "host", "n", "next")
+    __slots__ = (
+        "requests", "rows", "starts", "drafts", "limits", "stop_ids", "host", "n", "next", "stated",
+    )  # fmt: skip
 
     def __init__(self, requests, rows, starts, drafts, limits, stop_ids) -> None:  # noqa: ANN001
         self.requests, self.rows, self.starts = requests, rows, starts
@@ -187,6 +190,7 @@ class _Verifies:
         self.host: np.ndarray | None = None  # [2, n]: accept, alt
         self.n = sum(len(d) + 1 for d in drafts)  # query rows
         self.next: np.ndarray | None = None  # each row's next draft (verify.next_drafts)
+        self.stated: np.ndarray | None = None  # accepted drafts drawn from a stated model
 
 
 class ModelRunner:
@@ -212,6 +216,13 @@ class ModelRunner:
             ``request.prompt_token_ids`` and greedy).
         drafter: proposes the drafts of a plan's ``verifies`` (``executor.drafter``); needed
             only for plans that verify (speculative decoding).
+        acceptance: a stated acceptance model (``horizon.acceptance``) for targets with random
+            weights: each verification accepts as many of its ``m`` drafts as the model draws
+            (``sample`` of the request at its pre-step counters, capped at ``m``) instead of
+            those the target's judgement accepts; it emits them and the target's token at the
+            first rejected position, so histories and KV stay what the forward computed. The
+            verify forward, its judgement and the drafter still run (their costs are real).
+            None (default): greedy acceptance / rejection sampling.
 
     Contracts:
         * ``execute`` reads the plan and the requests' counters as they were when the plan was
@@ -247,9 +258,11 @@ class ModelRunner:
         sampling_of: Callable[[Request], SamplingParams] | None = None,
         fused: bool | None = None,
         drafter: Drafter | None = None,
+        acceptance: AcceptanceModel | None = None,
     ) -> None:
         self.model = model
         self.drafter = drafter
+        self.acceptance = acceptance
         self.device = kv_cache.device
         on_cuda = self.device.type == "cuda"
         self.backend = backend or ("triton" if on_cuda else "torch")
@@ -881,7 +894,10 @@ class ModelRunner:
         vocab = self.model.config.vocab_size
         if any(len(d) and (d.min() < 0 or d.max() >= vocab) for d in drafts):
             raise RuntimeError(f"{name} proposed a token outside the vocabulary [0, {vocab})")
-        return _Verifies(reqs, rows, starts, drafts, limits, stop_ids)
+        ver = _Verifies(reqs, rows, starts, drafts, limits, stop_ids)
+        if self.acceptance is not None:  # drawn from the requests' pre-step counters
+            ver.stated = self.acceptance.sample([(r, len(d)) for r, d in zip(reqs, drafts)])
+        return ver
 
     def _stage_verifies(self, ver: _Verifies, verifies, blocks_of: BlocksOf, t0: int, s0: int):  # noqa: ANN001, ANN202
         """Stage the verifications' query tokens from token ``t0`` and sequence ``s0`` on;
@@ -929,7 +945,8 @@ class ModelRunner:
         their device last token marked stale and their mirrored blocks cut to what the
         scheduler keeps (``KVCacheManager.trim``: the blocks of the computed tokens)."""
         host = ver.host
-        out = verify.resolve(host[0], host[1], ver.drafts, ver.limits, ver.stop_ids, ver.next)
+        accept = host[0] if ver.stated is None else _stated_rows(ver.stated, ver.drafts)
+        out = verify.resolve(accept, host[1], ver.drafts, ver.limits, ver.stop_ids, ver.next)
         if not commit:
             return out
         self.num_proposed += sum(len(d) for d in ver.drafts)
@@ -1033,6 +1050,14 @@ class ModelRunner:
     def _capture(self, b: int) -> None:
         self._pad(0, b)  # capture on padding rows: no KV is written, nothing is read
         self._graphs[b] = self._graph_of(lambda: self._decode_forward(b))
+
+
+def _stated_rows(accepted: np.ndarray, drafts: Sequence[np.ndarray]) -> np.ndarray:
+    """Per query row, whether its next draft is accepted when request ``j`` accepts its first
+    ``accepted[j]`` drafts (the ``accept`` of ``verify.judge``'s layout)."""
+    q = np.array([len(d) + 1 for d in drafts], dtype=np.int64)
+    offsets = np.arange(int(q.sum())) - np.repeat(np.cumsum(q) - q, q)
+    return (offsets < np.repeat(accepted, q)).astype(np.int32)
 
 
 def _prompt_ids(request: Request) -> Sequence[int]:

@@ -4,6 +4,24 @@
         [--k 1,2,4,8] [--dtype float32] [--repeats 2] [--json-out PATH]
     python -m executor.spec_bench --model tiny --device cpu --batch 1,2 --k 1,2 --max-new 24
 
+Random-weight targets, stated acceptance (``--acceptance``: the held-batch grid of
+``executor.spec_held``, ``experiments.spec_crossover``'s workload; every row is labelled
+"stated acceptance α=.."; the drafter's and the verification's costs are real)::
+
+    python -m executor.spec_bench --model qwen2.5-7b --dtype bfloat16 \
+        --drafter draft:qwen2.5-0.5b --acceptance 0.7 --k 4 --batch 1,2,4,8,16,32,64
+    python -m executor.spec_bench --model qwen2.5-7b --dtype bfloat16 --drafter ngram \
+        --acceptance 0.5,0.7,0.9 --k 4 --batch 1,4,16,64
+    python -m executor.spec_bench --model tiny --device cpu --drafter draft:tiny \
+        --acceptance 0.7 --k 2 --batch 1,2 --prompt-len 24 --out-base 4 --out-span 8
+
+``--drafter draft:NAME``: a draft model (a preset shape with seeded random weights, or
+``tiny``) on its own paged KV cache, batched graph-replayed decode steps
+(``executor.paged_draft``); ``ngram``: prompt lookup padded to ``k``. ``--draft-cost B,..``:
+also each draft model drafter's ms per draft position against the draft model's own plain
+engine decode step at those batch sizes (``executor.draft_cost``). ``--budget-s``: cells not
+started by then are skipped (listed as such).
+
 Workload: "repeat / copy / proofread this text" chat prompts over seeded paragraphs of fixed
 sentences (``--model tiny``: seeded random token sequences repeated 4 times; its random weights
 do not copy them, so its figures only test the script). Drafts: n-gram prompt lookup
@@ -93,16 +111,23 @@ def token_prompts(vocab: int, n: int, seed: int) -> list[list[int]]:
     return [np.tile(rng.integers(0, vocab, 20), 4).tolist() for _ in range(n)]
 
 
-def load_model(name: str, dtype: str, device: str):  # noqa: ANN201
-    """``(model, tokenizer or None)``: a named model's real weights, or ``tiny`` (seeded)."""
+def load_model(name: str, dtype: str, device: str, seed: int = 7):  # noqa: ANN201
+    """``(model, tokenizer or None)``: a named model's real weights, ``tiny`` or a preset shape
+    (``executor.model.config``, e.g. ``qwen2.5-7b``) with seeded random weights."""
+    from executor.model.config import preset_names
+
     if name == "tiny":
         from executor.model import CausalLM
         from executor.model.testing import tiny_config
         from executor.weights import random_weights
 
         model = CausalLM(tiny_config(), device=device, dtype=getattr(torch, dtype))
-        random_weights(model, 7, std=0.2)
+        random_weights(model, seed, std=0.2)
         return model.eval(), None
+    if name in preset_names():
+        from executor.paged_draft import draft_model_of
+
+        return draft_model_of(name, dtype, device, seed), None
     from executor.named_models import load_named
 
     return load_named(name, dtype=dtype, device=device)
@@ -260,11 +285,24 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json-out", default=None)
+    p.add_argument("--drafter", default="ngram", help="ngram, or draft:NAME (stated grid only)")
+    p.add_argument("--acceptance", default=None, help="stated alphas: the held-batch grid")
+    p.add_argument("--prompt-len", type=int, default=512, help="held grid: prompt tokens")
+    p.add_argument("--out-base", type=int, default=128, help="held grid: shortest output")
+    p.add_argument("--out-span", type=int, default=256, help="held grid: output length spread")
+    p.add_argument("--budget-s", type=float, default=None, help="held grid: skip cells after")
+    p.add_argument("--draft-cost", default=None, help="batches for the draft cost per position")
     a = p.parse_args(argv)
     batches = [int(x) for x in a.batch.split(",")]
     ks = [int(x) for x in a.k.split(",")]
     if a.device == "cpu":
         torch.set_num_threads(1)
+    if a.acceptance is not None:
+        from executor.spec_stated import main_stated
+
+        return main_stated(a, batches, ks)
+    if a.drafter != "ngram":
+        p.error("--drafter other than ngram needs --acceptance (random-weight targets)")
     model, tokenizer = load_model(a.model, a.dtype, a.device)
     env = environment(a.device)
     print(f"{a.model} ({a.dtype}, {env.get('gpu', a.device)}): n-gram drafting", flush=True)

@@ -1,0 +1,280 @@
+"""A draft model on its own paged KV cache: each step's verifying requests draft together in
+batched decode steps of a smaller decoder (replayed from CUDA graphs on the GPU), so drafting
+costs what a real draft model's decode steps cost.
+
+Each request the drafter serves holds a *slot*: a fixed run of ``ceil(max_len / block_size)``
+blocks of the draft model's KV tensor (slot ``s``'s token at position ``p`` lives at slot
+mapping ``s * max_len_blocks * block_size + p``), and the tokens whose KV it holds. A proposal
+of ``k`` drafts from a history ``h`` (its last token last):
+
+1. *catch-up*: the slot's tokens are cut to their common prefix with ``h`` (never all of it:
+   the last token is fed again for its logits). A long remainder (a new request: its whole
+   prompt) is computed by one eager ragged forward, all but its last token; the rest (one
+   token after a rejection, two when every draft was accepted: the last draft and the target's
+   token) by decode steps.
+2. *drafting*: the last catch-up step's argmax is draft 1, and ``k - 1`` more decode steps
+   feed each draft to get the next. Every step runs every verifying request at once (a
+   request with nothing to do in a step rides along as a padding row: slot ``-1``, context
+   0), padded to a graph bucket, inputs chained on the device; the drafts are read back once.
+
+So a proposal costs ``C + k - 1`` decode steps of the batch (``C`` = 1, or 2 when some request
+had all its drafts accepted) where a draft model in the target's forward would take ``k``; the
+cost counters (``num_steps``, ``time_s``) say what it ran. Drafts are the draft model's argmax
+(a deterministic drafter, as ``executor.verify`` assumes).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from executor.attention import PagedAttention
+from executor.drafter import Drafter
+from executor.kernels import allocate_kv_cache
+from executor.kernels.tiling import decode_num_splits
+from executor.model import CausalLM
+from horizon.step_buckets import GRAPH_BATCH_SIZES, bucket_of, decode_buckets
+
+
+def draft_model_of(name: str, dtype: str, device: str, seed: int = 0) -> CausalLM:
+    """A preset shape (``executor.model.config``, e.g. ``qwen2.5-0.5b``) with seeded random
+    weights (its drafts mean nothing: for stated acceptance, where only its cost counts)."""
+    from executor.bench import device_random_weights
+    from executor.model import ModelConfig
+
+    model = CausalLM(ModelConfig.for_preset(name), device=device, dtype=getattr(torch, dtype))
+    device_random_weights(model, seed)
+    return model.eval()
+
+
+class PagedDraftModelDrafter(Drafter):
+    """Greedy drafts from ``model`` (a ``CausalLM`` whose vocabulary fits the target's, or a
+    preset name: random weights, ``draft_model_of``) on a paged KV cache of ``max_seqs`` slots
+    of ``max_len`` tokens.
+
+    Args:
+        max_seqs: most requests with a slot at once (the target's ``max_num_seqs``); a slot
+            of a request not in the current step is taken back when they run out.
+        max_len: most tokens of a request (the target's ``max_model_len``).
+        cuda_graphs: replay decode steps from graphs (default: on CUDA with Triton).
+        backend: attention kernels (default: triton on CUDA, torch on CPU).
+    """
+
+    name = "paged_draft_model"
+
+    def __init__(
+        self,
+        model: CausalLM | str,
+        max_seqs: int,
+        max_len: int,
+        block_size: int = 16,
+        cuda_graphs: bool | None = None,
+        backend: str | None = None,
+        dtype: str = "bfloat16",
+        device: str = "cuda",
+        seed: int = 0,
+        graph_batch_sizes: Sequence[int] = GRAPH_BATCH_SIZES,
+    ) -> None:
+        if isinstance(model, str):
+            model = draft_model_of(model, dtype, device, seed)
+        if not isinstance(model, CausalLM):
+            raise ValueError(
+                f"PagedDraftModelDrafter.model must be a CausalLM or a preset name, got {model!r}"
+            )
+        for field, v in (("max_seqs", max_seqs), ("max_len", max_len), ("block_size", block_size)):
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"PagedDraftModelDrafter.{field} must be an int >= 1, got {v!r}")
+        self.model, c = model, model.config
+        self.device = dev = model.embed_tokens.weight.device
+        self.backend = backend or ("triton" if dev.type == "cuda" else "torch")
+        on_triton = dev.type == "cuda" and self.backend == "triton"
+        self.cuda_graphs = on_triton if cuda_graphs is None else cuda_graphs
+        self.max_seqs, self.max_len, self.block_size = max_seqs, max_len, block_size
+        self.slot_blocks = -(-max_len // block_size)
+        kv = allocate_kv_cache(
+            c.num_layers, max_seqs * self.slot_blocks, block_size, c.num_kv_heads, c.head_dim,
+            model.embed_tokens.weight.dtype, dev,
+        )  # fmt: skip
+        self.attention = PagedAttention(kv, c.attention_scale, self.backend)
+        if self.backend == "triton":
+            from executor.fused import FusedForward
+
+            self._forward = FusedForward(model)
+        else:
+            self._forward = model
+        self.buckets = decode_buckets(max_seqs, graph_batch_sizes)
+        nb = self.buckets[-1]
+        self._buf = {
+            n: torch.zeros(nb, dtype=torch.int32, device=dev) for n in ("ids", "pos", "slot", "ctx")
+        }
+        self._bt = torch.zeros((nb, self.slot_blocks), dtype=torch.int32, device=dev)
+        self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self._pool = None
+        self._slots: dict[int, tuple[int, np.ndarray, int]] = {}  # rid: slot, tokens, verified
+        self._free = list(range(max_seqs - 1, -1, -1))
+        self.num_calls = self.num_steps = self.num_prefill_tokens = 0
+        self.time_s = 0.0
+
+    # -- requests --------------------------------------------------------------------------------
+    def forget(self, request_id: int) -> None:
+        entry = self._slots.pop(request_id, None)
+        if entry is not None:
+            self._free.append(entry[0])
+
+    def reset_counters(self) -> None:
+        self.num_calls = self.num_steps = self.num_prefill_tokens = 0
+        self.time_s = 0.0
+
+    def _claim(self, rid: int, history: np.ndarray, busy: set[int]) -> tuple[int, int]:
+        """``rid``'s slot and how many of ``history``'s tokens it holds (its tokens cut to
+        their common prefix with ``history``, the last token excluded)."""
+        entry = self._slots.pop(rid, None)
+        if entry is None:
+            if not self._free:
+                victim = next((r for r in self._slots if r not in busy), None)
+                if victim is None:
+                    raise RuntimeError(
+                        f"PagedDraftModelDrafter: more than max_seqs={self.max_seqs} requests "
+                        "in a step"
+                    )
+                self.forget(victim)
+            entry = (self._free.pop(), history[:0], 0)
+        slot, held, verified = entry
+        n = min(len(held), len(history) - 1)
+        verified = min(verified, n)  # held[:verified] came from an accepted history
+        diff = np.flatnonzero(held[verified:n] != history[verified:n])
+        keep = verified + int(diff[0]) if len(diff) else n
+        self._slots[rid] = (slot, held[:keep], keep)  # re-inserted: most recently used last
+        return slot, keep
+
+    # -- proposals -------------------------------------------------------------------------------
+    @torch.no_grad()
+    def propose_batch(
+        self, histories: Sequence[np.ndarray], ks: Sequence[int], request_ids: Sequence[int]
+    ) -> list[np.ndarray]:
+        out = [np.zeros(0, dtype=np.int64) for _ in ks]
+        live = [i for i, k in enumerate(ks) if k > 0]
+        if not live:
+            return out
+        t0 = time.perf_counter()
+        busy = {request_ids[i] for i in live}
+        hs = [np.asarray(histories[i], dtype=np.int64) for i in live]
+        claimed = [self._claim(request_ids[i], h, busy) for i, h in zip(live, hs)]
+        slots = np.array([s for s, _ in claimed], dtype=np.int64)
+        keep = np.array([n for _, n in claimed], dtype=np.int64)
+        lens = np.array([len(h) for h in hs], dtype=np.int64)
+        long = np.flatnonzero(lens - keep > 2)
+        if len(long):  # all but the last token of long remainders: one ragged forward
+            self._prefill([hs[j][keep[j] : lens[j] - 1] for j in long], slots[long], keep[long])
+            keep[long] = lens[long] - 1
+        k = np.array([ks[i] for i in live], dtype=np.int64)
+        drafts = self._decode_steps(hs, slots, keep, lens, k)
+        for j, i in enumerate(live):
+            out[i] = drafts[j, : k[j]].copy()
+            fed = np.concatenate([hs[j], out[i][: k[j] - 1]])
+            self._slots[request_ids[i]] = (int(slots[j]), fed, int(lens[j]))
+        self.num_calls += 1
+        self.time_s += time.perf_counter() - t0
+        return out
+
+    def _prefill(self, chunks: list[np.ndarray], slots: np.ndarray, starts: np.ndarray) -> None:
+        """KV of each ``chunks[j]`` at positions ``starts[j]..`` of slot ``slots[j]`` (eager)."""
+        q = np.array([len(c) for c in chunks], dtype=np.int64)
+        pos = np.repeat(starts, q) + np.arange(int(q.sum())) - np.repeat(np.cumsum(q) - q, q)
+        span = self.slot_blocks * self.block_size
+        dev, i32 = self.device, torch.int32
+
+        def t(a: np.ndarray) -> torch.Tensor:
+            return torch.from_numpy(np.ascontiguousarray(a)).to(device=dev, dtype=i32)
+
+        cu = np.concatenate([[0], np.cumsum(q)])
+        self.attention.set_step(
+            t(np.repeat(slots, q) * span + pos), t(self._tables(slots)), t(starts + q), t(cu)
+        )
+        self._forward(t(np.concatenate(chunks)), t(pos), self.attention)
+        self.num_prefill_tokens += int(q.sum())
+
+    def _tables(self, slots: np.ndarray) -> np.ndarray:
+        return slots[:, None] * self.slot_blocks + np.arange(self.slot_blocks)[None, :]
+
+    def _decode_steps(self, hs, slots, keep, lens, k) -> np.ndarray:  # noqa: ANN001
+        """``[n, max k]`` drafts: the catch-up tokens ``hs[j][keep[j]:]`` and then the drafts
+        fed in decode steps (see the module docstring); step ``s`` feeds row ``j`` the token
+        at position ``lens[j] - C + s``."""
+        n = len(hs)
+        c_steps = int((lens - keep).max())
+        steps = c_steps + int(k.max()) - 1
+        b = bucket_of(n, self.buckets) if self.cuda_graphs else n
+        s = np.arange(steps)[None, :]
+        pos = lens[:, None] - c_steps + s
+        active = (s >= c_steps - (lens - keep)[:, None]) & (s < c_steps - 1 + k[:, None])
+        meta = np.zeros((4, steps, b), dtype=np.int32)  # ids, pos, slot, ctx per step and row
+        span = self.slot_blocks * self.block_size
+        meta[1, :, :n] = np.where(active, pos, 0).T
+        meta[2, :, :n] = np.where(active, slots[:, None] * span + pos, -1).T
+        meta[2, :, n:] = -1
+        meta[3, :, :n] = np.where(active, pos + 1, 0).T
+        for j, h in enumerate(hs):
+            for st in range(c_steps - int(lens[j] - keep[j]), c_steps):
+                meta[0, st, j] = h[pos[j, st]]
+        tables = np.zeros((b, self.slot_blocks), dtype=np.int32)
+        tables[:n] = self._tables(slots)
+        self._bt[:b].copy_(torch.from_numpy(tables))
+        meta_dev = torch.from_numpy(meta).to(self.device)
+        drafts = torch.empty((int(k.max()), b), dtype=torch.int32, device=self.device)
+        buf, tokens = self._buf, None
+        for st in range(steps):
+            buf["ids"][:b].copy_(meta_dev[0, st] if st < c_steps else tokens)
+            for i, name in enumerate(("pos", "slot", "ctx"), start=1):
+                buf[name][:b].copy_(meta_dev[i, st])
+            tokens = self._step(b)
+            if st >= c_steps - 1:
+                drafts[st - c_steps + 1].copy_(tokens)
+        self.num_steps += steps
+        return drafts.cpu().numpy().T[:n].astype(np.int64)
+
+    # -- decode steps and their graphs ------------------------------------------------------------
+    def _decode_forward(self, b: int) -> torch.Tensor:
+        """One decode step of ``b`` rows on the static buffers: each row's argmax (int32)."""
+        buf, att = self._buf, self.attention
+        splits = decode_num_splits(b, att.num_kv_heads, self.max_len, self.device)
+        att.set_step(buf["slot"][:b], self._bt[:b], buf["ctx"][:b], None, splits)
+        hidden = self._forward(buf["ids"][:b], buf["pos"][:b], att)
+        return F.linear(hidden, self.model.lm_head_weight).argmax(-1).to(torch.int32)
+
+    def _step(self, b: int) -> torch.Tensor:
+        if not self.cuda_graphs:
+            return self._decode_forward(b)
+        if b not in self._graphs:
+            self._capture(b)
+        graph, tokens = self._graphs[b]
+        graph.replay()
+        return tokens
+
+    @torch.no_grad()
+    def capture_graphs(self, sizes: Sequence[int] | None = None) -> None:
+        """Capture the decode graphs of ``sizes`` (default: every bucket), largest first; else
+        each is captured on first use."""
+        if self.cuda_graphs:
+            for b in sorted(sizes or self.buckets, reverse=True):
+                if b not in self._graphs:
+                    self._capture(b)
+
+    def _capture(self, b: int) -> None:
+        """Capture on padding rows (slot -1, context 0: no KV written or read); the inputs
+        staged before a step are copied into the same buffers, which the graph reads."""
+        self._buf["slot"][:b].fill_(-1)
+        self._buf["ctx"][:b].zero_()
+        self._decode_forward(b)  # compiles the kernels outside the capture
+        torch.cuda.synchronize(self.device)
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool):
+            tokens = self._decode_forward(b)
+        torch.cuda.synchronize(self.device)
+        self._graphs[b] = (graph, tokens)

@@ -1,0 +1,190 @@
+"""Speculation on the engine under stated acceptance, at a held batch size: the simulator's grid.
+
+The workload and configuration of ``experiments.spec_crossover`` (its simulated grid), so the
+two compare cell for cell: at batch ``B``, ``2B + 6`` requests of a ``prompt``-token prompt
+(seeded synthetic ids) and ``out_base + (i * 97) % out_span`` output tokens (128..383 by
+default), all queued at t = 0, ``max_num_seqs = B`` (continuous refill: B requests run and a
+finished one is replaced at once), FCFS, ``max_num_batched_tokens`` 2048, a pool with room for
+every request (no preemption). Plain: the engine as it runs by default (pipelined, graphs).
+Speculation: the ``fixed`` policy with ``k`` drafts, serial steps, and acceptance *stated*
+(``EngineConfig.acceptance``: geometric, each draft accepted with probability ``alpha`` given
+the ones before, the simulator's model and seed), since the target's random weights accept
+nothing real; the drafts (n-gram lookup padded to ``k``, or a draft model's decode steps) and
+the verification forward run for real, so their costs are measured. Every row says so.
+
+Per cell: output tokens/s (tokens over the run's wall time, prefill included), mean TPOT
+(the ITL of ``horizon.metrics.latency.tpot``), both against plain at the same batch, steps,
+drafts accepted per draft, and the drafter's own time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import torch
+
+from executor.drafter import Drafter, NgramDrafter
+from horizon.acceptance import AcceptanceModel
+from horizon.metrics.latency import tpot
+from horizon.request import Request
+from horizon.speculation import SpeculationConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class HeldWorkload:
+    """The grid's requests at one batch size (``experiments.spec_crossover``'s defaults)."""
+
+    prompt: int = 512
+    out_base: int = 128
+    out_span: int = 256
+    token_budget: int = 2048
+
+    def requests(self, batch: int) -> list[Request]:
+        n = 2 * batch + 6
+        outs = [self.out_base + (i * 97) % self.out_span for i in range(n)]
+        return [Request(i, 0.0, self.prompt, o, o) for i, o in enumerate(outs)]
+
+    def max_len(self, k_max: int) -> int:
+        return self.prompt + self.out_base + self.out_span + k_max + 16
+
+
+def held_engine(model, batch: int, work: HeldWorkload, k_max: int):  # noqa: ANN001, ANN201
+    """An engine for the grid at ``batch`` (graphs captured)."""
+    from executor.engine import Engine, EngineConfig
+
+    max_len = work.max_len(k_max)
+    per_req = -(-max_len // 16)
+    cfg = EngineConfig(
+        num_blocks=(2 * batch + 6) * per_req + 64,
+        max_num_seqs=batch,
+        max_num_batched_tokens=max(work.token_budget, batch),
+        max_model_len=max_len,
+    )
+    engine = Engine(model, cfg)
+    engine.warmup()
+    return engine
+
+
+def _sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def run_cell(engine, work: HeldWorkload, batch: int, k: int, alpha: float | None, drafter):  # noqa: ANN001
+    """One run of the grid: plain (``k == 0``) or speculation with ``k`` drafts under stated
+    acceptance ``alpha`` (the simulator's ``AcceptanceModel.geometric(alpha, seed=0)``)."""
+    base = engine.config
+    stated = AcceptanceModel.geometric(alpha or 0.0, seed=0)
+    if k:
+        spec = SpeculationConfig(policy="fixed", num_draft_tokens=k)
+        engine.config = dataclasses.replace(base, speculation=spec, acceptance=stated)
+        engine.runner.drafter = drafter
+    if hasattr(drafter, "reset_counters"):
+        drafter.reset_counters()
+    try:
+        _sync()
+        t0 = time.perf_counter()
+        rec = engine.run_offline(work.requests(batch))
+        _sync()
+        wall = time.perf_counter() - t0
+    finally:
+        engine.config = base
+    s = engine.scheduler
+    tokens = int(rec.num_output_tokens.sum())
+    row = {
+        "batch": batch,
+        "k": k,
+        "alpha": alpha,
+        "acceptance_model": stated.label if k else None,
+        "wall_s": wall,
+        "tokens": tokens,
+        "tok_s": tokens / wall,
+        "mean_tpot_ms": 1e3 * float(np.nanmean(tpot(rec))),
+        "steps": len(rec.step_durations()),
+        "accepted_per_draft": s.num_accepted / s.num_drafted if s.num_drafted else None,
+        "expected_per_draft": None,
+    }
+    if k:
+        row["expected_per_draft"] = float(stated.survival(k).sum()) / k
+        row["draft_s"] = getattr(drafter, "time_s", None)
+        row["draft_steps"] = getattr(drafter, "num_steps", None)
+    return row
+
+
+def held_grid(
+    model,  # noqa: ANN001
+    make_drafter: Callable[[int, int], Drafter],
+    batches: Sequence[int],
+    ks: Sequence[int],
+    alphas: Sequence[float],
+    work: HeldWorkload,
+    budget_s: float | None = None,
+    on_row: Callable[[dict], None] = lambda r: None,
+) -> list[dict]:
+    """Every cell (plain, then each alpha and k) per batch size, smallest batch first; cells
+    not started before ``budget_s`` seconds are skipped (listed as ``skipped`` rows).
+    ``make_drafter(batch, max_len)`` gives the drafter of a batch size."""
+    t_start = time.perf_counter()
+    rows = []
+    for b in batches:
+        cells = [(0, None)] + [(k, a) for a in alphas for k in ks]
+        if budget_s is not None and time.perf_counter() - t_start > budget_s:
+            rows += [{"batch": b, "k": k, "alpha": a, "skipped": True} for k, a in cells]
+            continue
+        engine = held_engine(model, b, work, max(ks))
+        drafter = make_drafter(b, engine.config.max_model_len)
+        if hasattr(drafter, "capture_graphs"):
+            drafter.capture_graphs()
+        plain = None
+        for k, a in cells:
+            if budget_s is not None and time.perf_counter() - t_start > budget_s:
+                rows.append({"batch": b, "k": k, "alpha": a, "skipped": True})
+                continue
+            r = run_cell(engine, work, b, k, a, drafter)
+            plain = plain or r
+            r["speedup"] = r["tok_s"] / plain["tok_s"]
+            r["tpot_ratio"] = r["mean_tpot_ms"] / plain["mean_tpot_ms"]
+            rows.append(r)
+            on_row(r)
+        del engine, drafter
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    return rows
+
+
+def crossovers(rows: list[dict], batches: Sequence[int]) -> dict[str, int | None]:
+    """Per ``alpha`` and ``k``: the smallest measured batch at which speculation is slower than
+    plain (None: faster at every measured batch)."""
+    out: dict[str, int | None] = {}
+    done = [r for r in rows if r["k"] and not r.get("skipped")]
+    for a, k in sorted({(r["alpha"], r["k"]) for r in done}):
+        cells = {r["batch"]: r["speedup"] for r in done if (r["alpha"], r["k"]) == (a, k)}
+        out[f"alpha={a} k={k}"] = next((b for b in batches if cells.get(b, 2.0) < 1.0), None)
+    return out
+
+
+def ngram_drafter(batch: int, max_len: int) -> Drafter:
+    """The n-gram drafter padded to ``k`` (stated acceptance: every verification has ``k + 1``
+    query tokens, as the simulator prices it)."""
+    return NgramDrafter(pad=True)
+
+
+HEAD = (
+    f"{'batch':>5} {'alpha':>5} {'k':>3} {'tok/s':>10} {'x plain':>8} {'TPOT ms':>8} "
+    f"{'x TPOT':>7} {'steps':>6} {'acc/draft':>9} {'draft s':>8}"
+)
+
+
+def row_text(r: dict) -> str:
+    if r.get("skipped"):
+        return f"{r['batch']:>5} {r['alpha'] or '-':>5} {r['k'] or '-':>3}  (skipped: budget)"
+    acc = "-" if r["accepted_per_draft"] is None else f"{r['accepted_per_draft']:.2f}"
+    ds = r.get("draft_s")
+    return (
+        f"{r['batch']:>5} {r['alpha'] or '-':>5} {r['k'] or '-':>3} {r['tok_s']:>10,.0f} "
+        f"{r['speedup']:>8.2f} {r['mean_tpot_ms']:>8.2f} {r['tpot_ratio']:>7.2f} "
+        f"{r['steps']:>6} {acc:>9} {'-' if ds is None else f'{ds:.2f}':>8}"
+    )
