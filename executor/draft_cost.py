@@ -65,22 +65,19 @@ def drafter_ms_per_position(
 
 def draft_costs(model, drafters: dict, batches: Sequence[int], prompt: int, k: int) -> list[dict]:  # noqa: ANN001
     """Per batch: the engine's decode step on ``model`` and each drafter's ms per position
-    (``drafters``: name -> function of the batch size giving a drafter)."""
+    (``drafters``: name -> function of the batch size giving a drafter, or None to skip it)."""
     rows = []
     for b in batches:
         row = {"batch": b, "k": k, "engine_decode_ms": engine_decode_ms(model, b, prompt)}
+        parts = [f"draft cost at batch {b}: engine decode step {row['engine_decode_ms']:.3f} ms"]
         for name, make in drafters.items():
-            ms = drafter_ms_per_position(make(b), b, prompt, model.config.vocab_size, k)
+            drafter = make(b)
+            if drafter is None:  # not measured at this batch size
+                continue
+            ms = drafter_ms_per_position(drafter, b, prompt, model.config.vocab_size, k)
             row[f"{name}_ms_per_position"] = ms
             row[f"{name}_x_engine_step"] = ms / row["engine_decode_ms"]
+            parts.append(f"{name} {ms:.3f} ms/position ({ms / row['engine_decode_ms']:.2f}x)")
         rows.append(row)
-        print(
-            f"draft cost at batch {b}: engine decode step {row['engine_decode_ms']:.3f} ms; "
-            + "; ".join(
-                f"{n} {row[f'{n}_ms_per_position']:.3f} ms/position "
-                f"({row[f'{n}_x_engine_step']:.2f}x)"
-                for n in drafters
-            ),
-            flush=True,
-        )
+        print("; ".join(parts), flush=True)
     return rows

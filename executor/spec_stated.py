@@ -17,6 +17,7 @@ from executor.spec_held import (
 )
 
 TARGET = (0.7, 4, 1, 2.0)  # issue 21: alpha, k, batch, speedup at least
+DENSE_MAX_BATCH = 16  # the dense reference drafter loops over requests: slow beyond
 
 
 def _draft_maker(a: Namespace):  # noqa: ANN202
@@ -55,9 +56,16 @@ def main_stated(a: Namespace, batches: list[int], ks: list[int]) -> int:
     )
     print(title, flush=True)
     print(HEAD, flush=True)
-    rows = held_grid(
-        target, make, batches, ks, alphas, work, a.budget_s, on_row=lambda r: print(row_text(r))
-    )
+    done: list[dict] = []
+
+    def on_row(r: dict) -> None:  # printed, and the JSON so far (a run cut off keeps its rows)
+        print(row_text(r), flush=True)
+        done.append(r)
+        if a.json_out:
+            with open(a.json_out, "w") as f:
+                json.dump({"title": title, "partial": True, "rows": done}, f, indent=2)
+
+    rows = held_grid(target, make, batches, ks, alphas, work, a.budget_s, on_row=on_row)
     cross = crossovers(rows, batches)
     costs = None
     if a.draft_cost and draft is not None:
@@ -68,7 +76,7 @@ def main_stated(a: Namespace, batches: list[int], ks: list[int]) -> int:
         max_len = work.prompt + 16 * 14 + 32
         drafters = {
             "paged": lambda b: PagedDraftModelDrafter(draft, max_seqs=b, max_len=max_len),
-            "dense": lambda b: DraftModelDrafter(draft),
+            "dense": lambda b: DraftModelDrafter(draft) if b <= DENSE_MAX_BATCH else None,
         }
         cost_batches = [int(x) for x in a.draft_cost.split(",")]
         costs = draft_costs(draft, drafters, cost_batches, work.prompt, max(ks))
