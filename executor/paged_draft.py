@@ -9,18 +9,22 @@ of ``k`` drafts from a history ``h`` (its last token last):
 
 1. *catch-up*: the slot's tokens are cut to their common prefix with ``h`` (never all of it:
    the last token is fed again for its logits). A long remainder (a new request: its whole
-   prompt) is computed by one eager ragged forward, all but its last token; the rest (one
-   token after a rejection, two when every draft was accepted: the last draft and the target's
-   token) by decode steps.
-2. *drafting*: the last catch-up step's argmax is draft 1, and ``k - 1`` more decode steps
-   feed each draft to get the next. Every step runs every verifying request at once (a
-   request with nothing to do in a step rides along as a padding row: slot ``-1``, context
-   0), padded to a graph bucket, inputs chained on the device; the drafts are read back once.
+   prompt) is computed by one eager ragged forward, all but its last two tokens. The rest is
+   one token after a rejection, two when every draft was accepted (the last draft and the
+   target's token): one *first forward* of the batch takes each request's last token (a
+   decode step) or, when some request has two, each request's last two (a ragged step of two
+   tokens a request, a request with one re-computing the KV of the token before its last).
+   Its argmax is draft 1.
+2. *drafting*: ``k - 1`` decode steps feed each draft to get the next. Every step runs every
+   verifying request at once (a request with fewer drafts to make rides along as a padding
+   row: slot ``-1``, context 0), padded to a graph bucket, inputs chained on the device; the
+   drafts are read back once.
 
-So a proposal costs ``C + k - 1`` decode steps of the batch (``C`` = 1, or 2 when some request
-had all its drafts accepted) where a draft model in the target's forward would take ``k``; the
-cost counters (``num_steps``, ``time_s``) say what it ran. Drafts are the draft model's argmax
-(a deterministic drafter, as ``executor.verify`` assumes).
+So a proposal costs ``k`` forwards of the batch, as a draft model in a paged engine takes
+(``num_steps`` counts them, ``num_two_token_steps`` the two-token first forwards, ``time_s``
+times the proposals, ``num_prefill_tokens`` counts the eager prefills' tokens). Drafts are the
+draft model's argmax (a deterministic drafter, as ``executor.verify`` assumes). Histories have
+at least two tokens (a verifying request has emitted one).
 """
 
 from __future__ import annotations
@@ -112,11 +116,16 @@ class PagedDraftModelDrafter(Drafter):
             n: torch.zeros(nb, dtype=torch.int32, device=dev) for n in ("ids", "pos", "slot", "ctx")
         }
         self._bt = torch.zeros((nb, self.slot_blocks), dtype=torch.int32, device=dev)
-        self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self._pair_buf = {  # the two-token first forward's: ids, pos, slot rows; ctx; cu
+            "tok": torch.zeros((3, 2 * nb), dtype=torch.int32, device=dev),
+            "ctx": torch.full((nb,), 2, dtype=torch.int32, device=dev),
+            "cu": torch.arange(0, 2 * nb + 1, 2, dtype=torch.int32, device=dev),
+        }
+        self._graphs: dict[tuple[str, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self._pool = None
         self._slots: dict[int, tuple[int, np.ndarray, int]] = {}  # rid: slot, tokens, verified
         self._free = list(range(max_seqs - 1, -1, -1))
-        self.num_calls = self.num_steps = self.num_prefill_tokens = 0
+        self.num_calls = self.num_steps = self.num_prefill_tokens = self.num_two_token_steps = 0
         self.time_s = 0.0
 
     # -- requests --------------------------------------------------------------------------------
@@ -126,7 +135,7 @@ class PagedDraftModelDrafter(Drafter):
             self._free.append(entry[0])
 
     def reset_counters(self) -> None:
-        self.num_calls = self.num_steps = self.num_prefill_tokens = 0
+        self.num_calls = self.num_steps = self.num_prefill_tokens = self.num_two_token_steps = 0
         self.time_s = 0.0
 
     def _claim(self, rid: int, history: np.ndarray, busy: set[int]) -> tuple[int, int]:
@@ -167,10 +176,12 @@ class PagedDraftModelDrafter(Drafter):
         slots = np.array([s for s, _ in claimed], dtype=np.int64)
         keep = np.array([n for _, n in claimed], dtype=np.int64)
         lens = np.array([len(h) for h in hs], dtype=np.int64)
+        if lens.min() < 2:
+            raise ValueError("PagedDraftModelDrafter: a history of fewer than 2 tokens")
         long = np.flatnonzero(lens - keep > 2)
-        if len(long):  # all but the last token of long remainders: one ragged forward
-            self._prefill([hs[j][keep[j] : lens[j] - 1] for j in long], slots[long], keep[long])
-            keep[long] = lens[long] - 1
+        if len(long):  # all but the last two tokens of long remainders: one ragged forward
+            self._prefill([hs[j][keep[j] : lens[j] - 2] for j in long], slots[long], keep[long])
+            keep[long] = lens[long] - 2
         k = np.array([ks[i] for i in live], dtype=np.int64)
         drafts = self._decode_steps(hs, slots, keep, lens, k)
         for j, i in enumerate(live):
@@ -202,40 +213,61 @@ class PagedDraftModelDrafter(Drafter):
         return slots[:, None] * self.slot_blocks + np.arange(self.slot_blocks)[None, :]
 
     def _decode_steps(self, hs, slots, keep, lens, k) -> np.ndarray:  # noqa: ANN001
-        """``[n, max k]`` drafts: the catch-up tokens ``hs[j][keep[j]:]`` and then the drafts
-        fed in decode steps (see the module docstring); step ``s`` feeds row ``j`` the token
-        at position ``lens[j] - C + s``."""
-        n = len(hs)
-        c_steps = int((lens - keep).max())
-        steps = c_steps + int(k.max()) - 1
+        """``[n, max k]`` drafts: a first forward of each row's last token (one decode step)
+        or, when some row has two tokens to catch up, of each row's last two tokens (one
+        ragged step of two tokens a row: a row with one re-computes the KV of the token before
+        its last, which its slot holds already); then ``max k - 1`` decode steps, step ``s``
+        feeding row ``j`` its draft ``s`` at position ``lens[j] - 1 + s``."""
+        n, kmax = len(hs), int(k.max())
         b = bucket_of(n, self.buckets) if self.cuda_graphs else n
-        s = np.arange(steps)[None, :]
-        pos = lens[:, None] - c_steps + s
-        active = (s >= c_steps - (lens - keep)[:, None]) & (s < c_steps - 1 + k[:, None])
-        meta = np.zeros((4, steps, b), dtype=np.int32)  # ids, pos, slot, ctx per step and row
         span = self.slot_blocks * self.block_size
+        s = np.arange(kmax)[None, :]
+        pos = lens[:, None] - 1 + s
+        active = s < k[:, None]
+        meta = np.zeros((4, kmax, b), dtype=np.int32)  # ids, pos, slot, ctx per step and row
+        meta[0, 0, :n] = [h[-1] for h in hs]
         meta[1, :, :n] = np.where(active, pos, 0).T
         meta[2, :, :n] = np.where(active, slots[:, None] * span + pos, -1).T
         meta[2, :, n:] = -1
         meta[3, :, :n] = np.where(active, pos + 1, 0).T
-        for j, h in enumerate(hs):
-            for st in range(c_steps - int(lens[j] - keep[j]), c_steps):
-                meta[0, st, j] = h[pos[j, st]]
         tables = np.zeros((b, self.slot_blocks), dtype=np.int32)
         tables[:n] = self._tables(slots)
         self._bt[:b].copy_(torch.from_numpy(tables))
         meta_dev = torch.from_numpy(meta).to(self.device)
-        drafts = torch.empty((int(k.max()), b), dtype=torch.int32, device=self.device)
-        buf, tokens = self._buf, None
-        for st in range(steps):
-            buf["ids"][:b].copy_(meta_dev[0, st] if st < c_steps else tokens)
-            for i, name in enumerate(("pos", "slot", "ctx"), start=1):
-                buf[name][:b].copy_(meta_dev[i, st])
-            tokens = self._step(b)
-            if st >= c_steps - 1:
-                drafts[st - c_steps + 1].copy_(tokens)
-        self.num_steps += steps
+        drafts = torch.empty((kmax, b), dtype=torch.int32, device=self.device)
+        buf = self._buf
+        if int((lens - keep).max()) > 1:
+            tokens = self._pair_step(hs, slots, lens, b)
+            self.num_two_token_steps += 1
+        else:
+            buf["ids"][:b].copy_(meta_dev[0, 0])
+        for st in range(kmax):
+            if st:
+                buf["ids"][:b].copy_(tokens)
+            if st or int((lens - keep).max()) == 1:
+                for i, name in enumerate(("pos", "slot", "ctx"), start=1):
+                    buf[name][:b].copy_(meta_dev[i, st])
+                tokens = self._step(b)
+            drafts[st].copy_(tokens)
+        self.num_steps += kmax
         return drafts.cpu().numpy().T[:n].astype(np.int64)
+
+    def _pair_step(self, hs, slots, lens, b: int) -> torch.Tensor:  # noqa: ANN001
+        """The first forward of two tokens a row (positions ``lens - 2``, ``lens - 1``); padding
+        rows: slots -1, context 2 over block 0 (read, never written). Each row's argmax."""
+        n, span = len(hs), self.slot_blocks * self.block_size
+        meta = np.zeros((3, 2 * b), dtype=np.int32)  # ids, pos, slot per token
+        pos = np.stack([lens - 2, lens - 1], axis=1).reshape(-1)
+        meta[0, : 2 * n] = np.concatenate([h[-2:] for h in hs])
+        meta[1, : 2 * n] = pos
+        meta[2, : 2 * n] = np.repeat(slots, 2) * span + pos
+        meta[2, 2 * n :] = -1
+        ctx = np.full(b, 2, dtype=np.int32)
+        ctx[:n] = lens
+        p = self._pair_buf
+        p["tok"][:, : 2 * b].copy_(torch.from_numpy(meta))
+        p["ctx"][:b].copy_(torch.from_numpy(ctx))
+        return self._run(("pair", b))
 
     # -- decode steps and their graphs ------------------------------------------------------------
     def _decode_forward(self, b: int) -> torch.Tensor:
@@ -246,35 +278,55 @@ class PagedDraftModelDrafter(Drafter):
         hidden = self._forward(buf["ids"][:b], buf["pos"][:b], att)
         return F.linear(hidden, self.model.lm_head_weight).argmax(-1).to(torch.int32)
 
+    def _pair_forward(self, b: int) -> torch.Tensor:
+        """The two-token first forward of ``b`` rows on its static buffers: the argmax of
+        each row's second token."""
+        p, att = self._pair_buf, self.attention
+        tok = p["tok"]
+        att.set_step(tok[2, : 2 * b], self._bt[:b], p["ctx"][:b], p["cu"][: b + 1])
+        hidden = self._forward(tok[0, : 2 * b], tok[1, : 2 * b], att)
+        return F.linear(hidden[1::2], self.model.lm_head_weight).argmax(-1).to(torch.int32)
+
     def _step(self, b: int) -> torch.Tensor:
+        return self._run(("decode", b))
+
+    def _run(self, key: tuple[str, int]) -> torch.Tensor:
+        """A decode step (``("decode", b)``) or a first forward of two tokens a row
+        (``("pair", b)``), replayed from its graph (captured on first use) or eager."""
+        kind, b = key
         if not self.cuda_graphs:
-            return self._decode_forward(b)
-        if b not in self._graphs:
-            self._capture(b)
-        graph, tokens = self._graphs[b]
+            return self._decode_forward(b) if kind == "decode" else self._pair_forward(b)
+        if key not in self._graphs:
+            self._capture(key)
+        graph, tokens = self._graphs[key]
         graph.replay()
         return tokens
 
     @torch.no_grad()
     def capture_graphs(self, sizes: Sequence[int] | None = None) -> None:
-        """Capture the decode graphs of ``sizes`` (default: every bucket), largest first; else
-        each is captured on first use."""
+        """Capture the decode and two-token graphs of ``sizes`` (default: every bucket),
+        largest first; else each is captured on first use."""
         if self.cuda_graphs:
             for b in sorted(sizes or self.buckets, reverse=True):
-                if b not in self._graphs:
-                    self._capture(b)
+                for kind in ("decode", "pair"):
+                    if (kind, b) not in self._graphs:
+                        self._capture((kind, b))
 
-    def _capture(self, b: int) -> None:
-        """Capture on padding rows (slot -1, context 0: no KV written or read); the inputs
-        staged before a step are copied into the same buffers, which the graph reads."""
+    def _capture(self, key: tuple[str, int]) -> None:
+        """Capture on padding rows (slot -1: no KV written; context 0, or 2 over block 0 for a
+        two-token forward); a step's inputs are later copied into the same buffers."""
+        kind, b = key
         self._buf["slot"][:b].fill_(-1)
         self._buf["ctx"][:b].zero_()
-        self._decode_forward(b)  # compiles the kernels outside the capture
+        self._pair_buf["tok"][2].fill_(-1)
+        self._pair_buf["ctx"].fill_(2)
+        forward = self._decode_forward if kind == "decode" else self._pair_forward
+        forward(b)  # compiles the kernels outside the capture
         torch.cuda.synchronize(self.device)
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool):
-            tokens = self._decode_forward(b)
+            tokens = forward(b)
         torch.cuda.synchronize(self.device)
-        self._graphs[b] = (graph, tokens)
+        self._graphs[key] = (graph, tokens)

@@ -222,6 +222,7 @@ def test_paged_draft_model_proposes_the_dense_references_drafts(model):
     assert proposals["paged"] == proposals["dense"]
     d = e.runner.drafter
     assert not d._slots and len(d._free) == 4 and d.num_steps > 0 and d.num_prefill_tokens > 0
+    assert 0 < d.num_two_token_steps < d.num_calls  # both kinds of first forward
     assert isinstance(
         make_drafter("paged_draft_model", model=model, max_seqs=2, max_len=64),
         PagedDraftModelDrafter,
@@ -271,3 +272,20 @@ def test_spec_bench_stated_grid_on_the_cpu(tmp_path, capsys):
     assert "stated acceptance α=0.7" in res["title"]
     last = capsys.readouterr().out.strip().splitlines()
     assert "stated acceptance α=0.7" in last[-8] and last[-7].split()[:3] == ["batch", "alpha", "k"]
+
+
+@pytest.mark.skipif(
+    os.environ.get("TRITON_INTERPRET") != "1", reason="interpreter check (GPU: spec_bench)"
+)
+def test_paged_draft_model_through_the_triton_kernels(model):
+    """The Triton attention and fused kernels (interpreter) in the drafter's prefill and decode
+    steps: the target as its own draft model proposes its greedy continuation."""
+    pytest.importorskip("triton")
+    d = PagedDraftModelDrafter(model, max_seqs=2, max_len=64, backend="triton", cuda_graphs=False)
+    hs = [np.array(PROMPTS[1], dtype=np.int64), np.array(PROMPTS[3], dtype=np.int64)]
+    for _ in range(2):
+        out = d.propose_batch(hs, [3, 2], [0, 1])
+        for h, dr in zip(hs, out):
+            assert dr.tolist() == dense_greedy(model, h.tolist(), len(dr))
+        hs = [np.concatenate([h, dr[:2], [7]]) for h, dr in zip(hs, out)]
+    assert d.num_two_token_steps == 2  # the prompts' last two; a request that accepted all
