@@ -20,7 +20,9 @@ Random-weight targets, stated acceptance (``--acceptance``: the held-batch grid 
 (``executor.paged_draft``); ``ngram``: prompt lookup padded to ``k``. ``--draft-cost B,..``:
 also each draft model drafter's ms per draft position against the draft model's own plain
 engine decode step at those batch sizes (``executor.draft_cost``). ``--budget-s``: cells not
-started by then are skipped (listed as such).
+started by then are skipped (listed as such). ``--compare results/spec_crossover/sim.json``:
+the simulator's speedup and accepted drafts of each cell beside the engine's, and its
+crossovers over the same batches.
 
 Workload: "repeat / copy / proofread this text" chat prompts over seeded paragraphs of fixed
 sentences (``--model tiny``: seeded random token sequences repeated 4 times; its random weights
@@ -292,6 +294,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out-span", type=int, default=256, help="held grid: output length spread")
     p.add_argument("--budget-s", type=float, default=None, help="held grid: skip cells after")
     p.add_argument("--draft-cost", default=None, help="batches for the draft cost per position")
+    p.add_argument("--compare", default=None, help="held grid: the simulator's sim.json")
     a = p.parse_args(argv)
     batches = [int(x) for x in a.batch.split(",")]
     ks = [int(x) for x in a.k.split(",")]

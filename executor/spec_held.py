@@ -14,7 +14,8 @@ the verification forward run for real, so their costs are measured. Every row sa
 
 Per cell: output tokens/s (tokens over the run's wall time, prefill included), mean TPOT
 (the ITL of ``horizon.metrics.latency.tpot``), both against plain at the same batch, steps,
-drafts accepted per draft, and the drafter's own time.
+drafts accepted per draft, and the drafter's own time (``draft_s``, its share of the wall
+time, ms per draft forward of the batch: ``draft_ms_per_step``).
 """
 
 from __future__ import annotations
@@ -111,6 +112,9 @@ def run_cell(engine, work: HeldWorkload, batch: int, k: int, alpha: float | None
         row["expected_per_draft"] = float(stated.survival(k).sum()) / k
         row["draft_s"] = getattr(drafter, "time_s", None)
         row["draft_steps"] = getattr(drafter, "num_steps", None)
+        if row["draft_s"] is not None and row["draft_steps"]:
+            row["draft_share"] = row["draft_s"] / wall
+            row["draft_ms_per_step"] = 1e3 * row["draft_s"] / row["draft_steps"]
     return row
 
 
@@ -186,19 +190,37 @@ def ngram_drafter(batch: int, max_len: int) -> Drafter:
     return NgramDrafter(pad=True)
 
 
+def compare_simulated(rows: list[dict], sim: dict, drafter: str) -> None:
+    """Add the simulator's figures of each measured cell (``experiments.spec_crossover``'s
+    ``sim.json``: ``drafter`` is ``ngram`` or ``draft_0.5b``) to its row: ``sim_speedup``,
+    ``sim_tpot_ratio``, ``sim_accepted_per_draft`` (the same draws: equal to the engine's
+    when both ran the same plans)."""
+    runs = {(r["drafter"], r["alpha"], r["batch"], r["k"]): r for r in sim["runs"]}
+    for r in rows:
+        s = runs.get((drafter, r.get("alpha"), r["batch"], r["k"]))
+        if s is not None and not r.get("skipped"):
+            r["sim_speedup"] = s["speedup"]
+            r["sim_tpot_ratio"] = s["tpot_ratio"]
+            r["sim_accepted_per_draft"] = s["accepted_per_draft"]
+
+
 HEAD = (
-    f"{'batch':>5} {'alpha':>5} {'k':>3} {'tok/s':>10} {'x plain':>8} {'TPOT ms':>8} "
-    f"{'x TPOT':>7} {'steps':>6} {'acc/draft':>9} {'draft s':>8}"
+    f"{'batch':>5} {'alpha':>5} {'k':>3} {'tok/s':>10} {'x plain':>8} {'sim x':>6} "
+    f"{'TPOT ms':>8} {'x TPOT':>7} {'steps':>6} {'acc/draft':>9} {'sim acc':>7} {'draft s':>8}"
 )
+
+
+def _f(v: float | None, spec: str) -> str:
+    return "-" if v is None else format(v, spec)
 
 
 def row_text(r: dict) -> str:
     if r.get("skipped"):
         return f"{r['batch']:>5} {r['alpha'] or '-':>5} {r['k'] or '-':>3}  (skipped: budget)"
-    acc = "-" if r["accepted_per_draft"] is None else f"{r['accepted_per_draft']:.2f}"
-    ds = r.get("draft_s")
     return (
         f"{r['batch']:>5} {r['alpha'] or '-':>5} {r['k'] or '-':>3} {r['tok_s']:>10,.0f} "
-        f"{r['speedup']:>8.2f} {r['mean_tpot_ms']:>8.2f} {r['tpot_ratio']:>7.2f} "
-        f"{r['steps']:>6} {acc:>9} {'-' if ds is None else f'{ds:.2f}':>8}"
+        f"{r['speedup']:>8.2f} {_f(r.get('sim_speedup'), '.2f'):>6} "
+        f"{r['mean_tpot_ms']:>8.2f} {r['tpot_ratio']:>7.2f} {r['steps']:>6} "
+        f"{_f(r['accepted_per_draft'], '.3f'):>9} {_f(r.get('sim_accepted_per_draft'), '.3f'):>7} "
+        f"{_f(r.get('draft_s'), '.2f'):>8}"
     )

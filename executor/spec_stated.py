@@ -10,6 +10,7 @@ from argparse import Namespace
 from executor.spec_held import (
     HEAD,
     HeldWorkload,
+    compare_simulated,
     crossovers,
     held_grid,
     ngram_drafter,
@@ -67,6 +68,13 @@ def main_stated(a: Namespace, batches: list[int], ks: list[int]) -> int:
 
     rows = held_grid(target, make, batches, ks, alphas, work, a.budget_s, on_row=on_row)
     cross = crossovers(rows, batches)
+    sim_cross = None
+    if a.compare:
+        with open(a.compare) as f:
+            sim = json.load(f)
+        compare_simulated(rows, sim, "ngram" if draft is None else "draft_0.5b")
+        sim_rows = [{**r, "speedup": r["sim_speedup"]} for r in rows if "sim_speedup" in r]
+        sim_cross = crossovers(sim_rows, batches)
     costs = None
     if a.draft_cost and draft is not None:
         from executor.draft_cost import draft_costs
@@ -86,11 +94,14 @@ def main_stated(a: Namespace, batches: list[int], ks: list[int]) -> int:
     result = {**env, "title": title, "model": a.model, "dtype": a.dtype, "args": vars(a)}
     result |= {"acceptance": f"{stated} (geometric, seed 0)", "drafter": label}
     result |= {"rows": rows, "crossover_batch": cross, "draft_cost": costs}
+    result |= {"simulated": a.compare, "crossover_batch_simulated": sim_cross}
     result |= {"target_alpha0.7_k4_batch1_ge_2x": met}
     if a.json_out:
         with open(a.json_out, "w") as f:
             json.dump(result, f, indent=2)
     print(f"\ncrossover batch (smallest measured batch slower than plain): {cross}")
+    if sim_cross is not None:
+        print(f"simulated ({a.compare}), same batches: {sim_cross}")
     if met is not None:
         print(f"alpha=0.7 k=4 batch 1: {hit['speedup']:.2f}x plain (target 2x: "
               f"{'met' if met else 'NOT met'})")  # fmt: skip

@@ -248,6 +248,38 @@ def test_paged_draft_model_evicts_and_catches_up(model):
 
 
 # -- spec_bench's stated grid ---------------------------------------------------------------------
+@pytest.mark.parametrize("k", [2, 5])
+def test_held_grid_accepts_what_the_simulator_accepts(model, k):
+    """The held-batch grid's cell on the engine (tiny target, paged draft model, stated
+    alpha 0.7) and the simulator's run of the same requests and scheduler configuration
+    (experiments.spec_crossover's, with a constant step cost): the same plans, so the same
+    drafts proposed and accepted, request for request."""
+    from sched_driver import ConstantCost
+
+    from executor.spec_held import HeldWorkload, held_engine, run_cell
+    from horizon.policies import make_policy as make_sched_policy
+    from horizon.scheduler_config import SchedulerConfig
+    from simulator import Simulation
+
+    work = HeldWorkload(prompt=20, out_base=4, out_span=9)
+    e = held_engine(model, 3, work, k)
+    d = PagedDraftModelDrafter(make_model(), max_seqs=3, max_len=e.config.max_model_len)
+    row = run_cell(e, work, 3, k, 0.7, d)
+    cfg = SchedulerConfig(num_blocks=4000, max_num_seqs=3, speculation=_spec(k))
+    sim = Simulation(work.requests(3), cfg, make_sched_policy("fcfs"), ConstantCost(),
+                     pipelined=True, arrivals_at_step_boundaries=True,
+                     acceptance=SimAcceptanceModel.geometric(0.7, seed=0))  # fmt: skip
+    rec = sim.run()
+    s, es = sim.scheduler, e.scheduler
+    assert (es.num_drafted, es.num_accepted) == (s.num_drafted, s.num_accepted)
+    assert row["accepted_per_draft"] == s.num_accepted / s.num_drafted
+    assert (
+        row["tokens"]
+        == int(rec.num_output_tokens.sum())
+        == sum(r.true_output_tokens for r in work.requests(3))
+    )
+
+
 def test_spec_bench_stated_grid_on_the_cpu(tmp_path, capsys):
     """python -m executor.spec_bench --model tiny --drafter draft:tiny --acceptance ...: the
     held-batch grid (2B+6 requests), every speculative row labelled with its stated
@@ -258,8 +290,14 @@ def test_spec_bench_stated_grid_on_the_cpu(tmp_path, capsys):
     args = ["--model", "tiny", "--device", "cpu", "--drafter", "draft:tiny", "--batch", "1,2"]
     args += ["--acceptance", "0.7", "--k", "1,3", "--prompt-len", "20", "--out-base", "4"]
     args += ["--out-span", "6", "--repeats", "1", "--draft-cost", "2", "--json-out", str(out)]
-    assert main(args) == 0
+    sim = {"runs": [{"drafter": "draft_0.5b", "alpha": 0.7, "batch": b, "k": k,
+                     "speedup": 1.3 if b == 1 else 0.9, "tpot_ratio": 1.0,
+                     "accepted_per_draft": 0.5} for b in (1, 2) for k in (1, 3)]}  # fmt: skip
+    (tmp_path / "sim.json").write_text(json.dumps(sim))
+    assert main([*args, "--compare", str(tmp_path / "sim.json")]) == 0
     res = json.loads(out.read_text())
+    assert res["crossover_batch_simulated"] == {"alpha=0.7 k=1": 2, "alpha=0.7 k=3": 2}
+    assert all(r["sim_speedup"] == (1.3 if r["batch"] == 1 else 0.9) for r in res["rows"] if r["k"])
     rows = res["rows"]
     assert [(r["batch"], r["k"]) for r in rows] == [(1, 0), (1, 1), (1, 3), (2, 0), (2, 1), (2, 3)]
     assert all(r["tokens"] == sum(4 + (i * 97) % 6 for i in range(2 * r["batch"] + 6))
@@ -267,6 +305,7 @@ def test_spec_bench_stated_grid_on_the_cpu(tmp_path, capsys):
     spec = [r for r in rows if r["k"]]
     assert all(r["acceptance_model"] == "stated acceptance α=0.7 (seed 0)" for r in spec)
     assert all(r["draft_steps"] > 0 and r["accepted_per_draft"] is not None for r in spec)
+    assert all(0 < r["draft_share"] < 1 and r["draft_ms_per_step"] > 0 for r in spec)
     assert set(res["crossover_batch"]) == {"alpha=0.7 k=1", "alpha=0.7 k=3"}
     assert res["draft_cost"][0]["paged_ms_per_position"] > 0
     assert "stated acceptance α=0.7" in res["title"]

@@ -16,23 +16,25 @@
 # Cells not started by BUDGET_A / BUDGET_B s are skipped (listed so in the table and JSON; the
 # JSON is rewritten after every cell); each part is killed at LIMIT_A / LIMIT_B s (330 + 170:
 # within 9 minutes; expected ~4.5 + ~1.5 minutes). Prints part b's table, then part a's last.
-# Fold in: copy the JSON files to results/spec_bench/ and tabulate against
-# results/spec_crossover/sim.json (drafter draft_0.5b / ngram, same alpha, k and batch).
+# Each cell is printed beside the simulator's (results/spec_crossover/sim.json: drafter
+# draft_0.5b / ngram, same alpha, k and batch): its speedup ("sim x") and accepted drafts per
+# draft ("sim acc": the same draws and plans, so equal to the engine's), and the simulated
+# crossovers over the same batches. Fold in: copy the JSON files to results/spec_bench/.
 set -u
 export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,memory.used --format=csv,noheader
 t=$(date +%s)
 timeout ${LIMIT_A:-330} python3 -m executor.spec_bench --model qwen2.5-7b --dtype bfloat16 \
   --drafter draft:qwen2.5-0.5b --acceptance 0.7 --k 1,2,4,8 --batch 1,2,4,8,16,32,64 \
-  --budget-s ${BUDGET_A:-230} --draft-cost 1,16,64 --json-out "$OUT/spec7b_draft.json" \
-  > "$OUT/spec7b_draft.log" 2>&1
+  --budget-s ${BUDGET_A:-230} --draft-cost 1,16,64 --compare results/spec_crossover/sim.json \
+  --json-out "$OUT/spec7b_draft.json" > "$OUT/spec7b_draft.log" 2>&1
 echo "a (draft model): rc $? in $(( $(date +%s) - t )) s"
 t=$(date +%s)
 timeout ${LIMIT_B:-170} python3 -m executor.spec_bench --model qwen2.5-7b --dtype bfloat16 \
   --drafter ngram --acceptance 0.5,0.7,0.9 --k 4 --batch 1,4,16,64 \
-  --budget-s ${BUDGET_B:-110} --json-out "$OUT/spec7b_ngram.json" \
-  > "$OUT/spec7b_ngram.log" 2>&1
+  --budget-s ${BUDGET_B:-110} --compare results/spec_crossover/sim.json \
+  --json-out "$OUT/spec7b_ngram.json" > "$OUT/spec7b_ngram.log" 2>&1
 echo "b (n-gram): rc $? in $(( $(date +%s) - t )) s"
-echo "== b: n-gram =="; tail -n 21 "$OUT/spec7b_ngram.log"
+echo "== b: n-gram =="; tail -n 22 "$OUT/spec7b_ngram.log"
 echo "== a: draft model =="; grep "^draft cost" "$OUT/spec7b_draft.log"
-tail -n 40 "$OUT/spec7b_draft.log"
+tail -n 41 "$OUT/spec7b_draft.log"
