@@ -1,15 +1,16 @@
 """A draft model as a drafter: a smaller decoder proposes each verifying request's drafts by
 greedy decoding from its history.
 
-Reference implementation (CPU runs, tests, the hook a paged draft model would fill): the draft
-model keeps one contiguous cache per request (``executor.model.DenseKVCache``) and runs each
-step's verifying requests together, first a ragged forward of every request's tokens not yet in
-its cache (the whole prompt at its first verification, then the one or two tokens the target
-accepted since), then ``k - 1`` one-token forwards of the drafts. Each cache remembers the
-tokens it holds; at the next proposal it is cut to its common prefix with the request's
-accepted history, so rejected drafts and preemptions need no notice (``forget`` drops a
-finished request's cache). Not paged, not in the target's forward, not graph-captured: its
-cost is the dense reference attention's, so figures from it are not the engine's speed.
+Reference implementation (CPU runs, tests; ``executor.paged_draft`` is the paged one whose
+cost is a real draft model's, and proposes the same drafts): the draft model keeps one
+contiguous cache per request (``executor.model.DenseKVCache``) and runs each step's verifying
+requests together, first a ragged forward of every request's tokens not yet in its cache (the
+whole prompt at its first verification, then the one or two tokens the target accepted since),
+then ``k - 1`` one-token forwards of the drafts. Each cache remembers the tokens it holds; at
+the next proposal it is cut to its common prefix with the request's accepted history, so
+rejected drafts and preemptions need no notice (``forget`` drops a finished request's cache).
+Not paged, not in the target's forward, not graph-captured: its cost is the dense reference
+attention's, so figures from it are not the engine's speed.
 
 Drafts are the draft model's argmax (a deterministic drafter): rejection sampling then treats
 them as one-hot proposals (``executor.verify``), which keeps the target's distribution.

@@ -21,8 +21,9 @@ Speculative decoding (``EngineConfig.speculation``, off by default): the schedul
 decoding request's draft count (``horizon.speculation``), the engine's drafter
 (``executor.drafter``, n-gram prompt lookup by default) proposes that many or fewer when the
 step is staged, and the runner verifies them in the step's forward (``executor.verify``:
-greedy acceptance, rejection sampling at temperature > 0). Such runs are serial: a plan
-depends on the drafts accepted in the one before.
+greedy acceptance, rejection sampling at temperature > 0; or, for random-weight targets, a
+stated acceptance model: ``EngineConfig.acceptance``). Such runs are serial: a plan depends on
+the drafts accepted in the one before.
 """
 
 from __future__ import annotations
