@@ -8,7 +8,7 @@ the 7B shape's capacity on one H200 (roofline cost model), fcfs, one core.
 with the engine's loop (``backend=sim_engine``: a step planned while the previous one runs,
 arrivals queued between steps). ``--speculation K``: every decoding request verifies ``K``
 n-gram drafts per step (``fixed`` policy), each accepted with probability ``--alpha`` given
-the ones before it (``simulator.acceptance``, seeded); the load is then a fraction of the
+the ones before it (``horizon.acceptance``, seeded); the load is then a fraction of the
 speculating engine's own measured capacity.
 
 Capacity is measured, not assumed: a saturated probe (every request at t=0) gives the
@@ -30,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
+from horizon.acceptance import AcceptanceModel
 from horizon.metrics.records import RunRecords
 from horizon.model_shape import model_shape
 from horizon.policies import make_policy
@@ -37,7 +38,6 @@ from horizon.scheduler_config import SchedulerConfig
 from horizon.speculation import SpeculationConfig
 from horizon.workload import WorkloadConfig, build_workload, load_sharegpt, tokenize_corpus
 from simulator import Simulation, gpu_spec, make_cost_model
-from simulator.acceptance import AcceptanceModel
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -3,7 +3,7 @@
     python -m experiments.spec_crossover --simulate [--out results/spec_crossover]
 
 For every acceptance rate ``alpha`` (stated: each draft accepted with probability ``alpha``
-given the ones before it, ``simulator.acceptance``), drafter, ``k`` in 1..8 and batch size B in
+given the ones before it, ``horizon.acceptance``), drafter, ``k`` in 1..8 and batch size B in
 1, 2, 4, ..., 256, one simulated run of the 7B shape on an H200 (the engine-fitted cost model,
 the engine's loop): ``2B + 6`` requests of a 512-token prompt and 128..383 output tokens (spread
 so that requests finish apart), all queued at t = 0 with ``max_num_seqs = B``, so B requests
@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 from experiments.report_template import table
+from horizon.acceptance import AcceptanceModel
 from horizon.metrics.latency import tpot
 from horizon.model_shape import model_shape
 from horizon.plan import StepPlan
@@ -34,7 +35,6 @@ from horizon.request import Request
 from horizon.scheduler_config import SchedulerConfig
 from horizon.speculation import SpeculationConfig, expected_tokens
 from simulator import Simulation, gpu_spec, make_cost_model
-from simulator.acceptance import AcceptanceModel
 from simulator.verification_cost import DraftCost
 
 REPO = Path(__file__).resolve().parents[1]

@@ -6,17 +6,17 @@ serially, a step's modelled duration passes on the clock; pipelined, a step star
 one before it ends (or at once) and its end is known when it is submitted.
 
 Speculative decoding: a plan's verifies get their accepted drafts from the stated
-``acceptance`` model (``simulator.acceptance``), capped by the trace's stopping rule.
+``acceptance`` model (``horizon.acceptance``), capped by the trace's stopping rule.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from horizon.acceptance import AcceptanceModel
 from horizon.plan import StepPlan, StepResult, new_result
 from horizon.serving_loop import Clock, InFlight
 from horizon.trace_stop import TraceStop
-from simulator.acceptance import AcceptanceModel
 from simulator.cost_model import CostModel
 from simulator.shared_device import SharedDevice
 

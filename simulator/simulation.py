@@ -34,13 +34,13 @@ from collections.abc import Sequence
 
 import simpy
 
+from horizon.acceptance import AcceptanceModel
 from horizon.metrics.records import RunRecords
 from horizon.policies.base import Policy
 from horizon.request import Request
 from horizon.scheduler import Scheduler
 from horizon.scheduler_config import SchedulerConfig
 from horizon.serving_loop import serve
-from simulator.acceptance import AcceptanceModel
 from simulator.backend import SimBackend
 from simulator.cost_model import CostModel
 from simulator.verification_cost import DraftCost, SpeculativeCostModel
@@ -83,7 +83,7 @@ class Simulation:
             if acceptance is None:
                 raise ValueError(
                     "Simulation.acceptance: SchedulerConfig.speculation is set, so an "
-                    "acceptance model is needed (simulator.acceptance.AcceptanceModel)"
+                    "acceptance model is needed (horizon.acceptance.AcceptanceModel)"
                 )
             cost_model = SpeculativeCostModel(cost_model, draft_cost)
         if max_time is not None and not (math.isfinite(max_time) and max_time > 0):

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 from sched_driver import ConstantCost, policy_for_test
 
+from horizon.acceptance import AcceptanceModel
 from horizon.kv_cache import chained_block_hashes
 from horizon.metrics.records import RunRecords
 from horizon.request import Request
 from horizon.scheduler import Scheduler
 from horizon.scheduler_config import SchedulerConfig
 from horizon.workload.builder import fresh_copy
-from simulator.acceptance import AcceptanceModel
 from simulator.backend import SimBackend
 
 

@@ -41,7 +41,6 @@ from horizon.request import Request  # noqa: E402
 from horizon.scheduler import Scheduler  # noqa: E402
 from horizon.speculation import SpeculationConfig  # noqa: E402
 from horizon.wall_clock import WallClock  # noqa: E402
-from simulator.acceptance import AcceptanceModel as SimAcceptanceModel  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -123,7 +122,7 @@ def test_stated_acceptance_follows_the_geometric_law_and_the_simulators_draws(mo
     e.runner.drafter = RandomDrafter()
     outputs, log = _drive(e, reqs)
     assert {i: len(o) for i, o in outputs.items()} == {i: 120 for i in range(40)}
-    sim = SimAcceptanceModel.geometric(alpha, seed=3)
+    sim = AcceptanceModel.geometric(alpha, seed=3)
     stand_in = [(SimpleNamespace(request_id=rid, num_output_tokens=g), len(d))
                 for rid, g, _, d, _ in log]  # fmt: skip
     np.testing.assert_array_equal([a for *_, a in log], sim.sample(stand_in))
@@ -268,7 +267,7 @@ def test_held_grid_accepts_what_the_simulator_accepts(model, k):
     cfg = SchedulerConfig(num_blocks=4000, max_num_seqs=3, speculation=_spec(k))
     sim = Simulation(work.requests(3), cfg, make_sched_policy("fcfs"), ConstantCost(),
                      pipelined=True, arrivals_at_step_boundaries=True,
-                     acceptance=SimAcceptanceModel.geometric(0.7, seed=0))  # fmt: skip
+                     acceptance=AcceptanceModel.geometric(0.7, seed=0))  # fmt: skip
     rec = sim.run()
     s, es = sim.scheduler, e.scheduler
     assert (es.num_drafted, es.num_accepted) == (s.num_drafted, s.num_accepted)

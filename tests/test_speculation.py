@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from sched_driver import ConstantCost, drive, random_requests
 from spec_driver import drive_spec, fresh
 
+from horizon.acceptance import AcceptanceModel
 from horizon.block_pool import BlockPool
 from horizon.kv_cache import KVCacheManager
 from horizon.metrics.records import STATUS_FINISHED, STATUS_REJECTED
@@ -24,7 +25,6 @@ from horizon.request import Request
 from horizon.scheduler import Scheduler
 from horizon.scheduler_config import SchedulerConfig
 from horizon.speculation import SpeculationConfig, SpeculationPolicy, drafts_worth_proposing
-from simulator.acceptance import AcceptanceModel
 from simulator.backend import SimBackend
 
 

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from sched_driver import random_requests
 
+from horizon.acceptance import AcceptanceModel
 from horizon.model_shape import model_shape
 from horizon.plan import StepPlan
 from horizon.policies import make_policy
@@ -16,7 +17,6 @@ from horizon.request import Request
 from horizon.scheduler_config import SchedulerConfig
 from horizon.speculation import SpeculationConfig, expected_tokens
 from simulator import Simulation, gpu_spec, make_cost_model
-from simulator.acceptance import AcceptanceModel
 from simulator.verification_cost import DraftCost, SpeculativeCostModel, as_prefill_chunks
 
 SHAPE, GPU = model_shape("qwen2.5-7b"), gpu_spec("H200")
