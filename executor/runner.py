@@ -552,10 +552,7 @@ class ModelRunner:
         that step first (AssertionError otherwise).
         """
         assert self._in_flight <= 1, "two steps in flight: wait for the older one first"
-        for r in plan.preempted:
-            s = self._seqs.get(r.request_id)
-            if s is not None:
-                self._free_row(s)
+        self._preempt(plan.preempted)
         if plan.is_empty:
             return _Pending([], [], None, 0, None, None, commit, None, None)
         self._s.flip()
@@ -578,6 +575,27 @@ class ModelRunner:
             tokens = self._sample(rows_e, emitters, logits, m)
         if m and (not bucket or self._num_sampled):  # a decode graph wrote its greedy tokens
             self._last_tok[self._s.t["erow"][:m]] = tokens[:m]
+        host, event = self._read_back(tokens, rows_e, m, commit)
+        logits = None if logits is None else logits[:m]  # the emitters' rows
+        step = _Pending(emitters, rids, rows_e, m, host.numpy(), event, commit, logits, logits_all)
+        if ver is not None:
+            ver.host = judged.cpu().numpy()  # a verification step is read back at once
+            step.verify = ver
+        return step
+
+    def _preempt(self, preempted: Sequence[Request]) -> None:
+        """Give back the rows of the plan's preempted requests (their histories are kept)."""
+        for r in preempted:
+            s = self._seqs.get(r.request_id)
+            if s is not None:
+                self._free_row(s)
+
+    def _read_back(
+        self, tokens: torch.Tensor, rows_e: np.ndarray, m: int, commit: bool
+    ) -> tuple[torch.Tensor, torch.cuda.Event | None]:
+        """Queue the copy of the step's ``m`` emitted tokens to a host buffer (the two buffers
+        alternate) and count the step in flight; with ``commit`` the rows' lengths grow by the
+        token each. The buffer and the event that marks the copy's end (None off CUDA)."""
         if not commit:
             self._stale.update(rows_e.tolist())  # the device holds tokens the host does not
         host = self._tok_host[self._tok_flip]
@@ -590,12 +608,7 @@ class ModelRunner:
         if commit:
             self._slen[rows_e] += 1
         self._in_flight += 1
-        logits = None if logits is None else logits[:m]  # the emitters' rows
-        step = _Pending(emitters, rids, rows_e, m, host.numpy(), event, commit, logits, logits_all)
-        if ver is not None:
-            ver.host = judged.cpu().numpy()  # a verification step is read back at once
-            step.verify = ver
-        return step
+        return host, event
 
     def wait(self, step: _Pending) -> StepOutput:
         """Block until ``step``'s tokens are on the host; commit them (if submitted so)."""
