@@ -252,26 +252,11 @@ class Scheduler:
             prefills = [(r, n) for r, n in prefills if r.status is RequestStatus.RUNNING]
             if verifies:
                 verifies = [(r, k) for r, k in verifies if r.status is RequestStatus.RUNNING]
-        if event:  # _decodes and _decode_context, inlined (once per step)
-            decodes = self._decode_tuple
-            if decodes is None:
-                decodes = self._decode_tuple = tuple(self._decoding.values())
-            decode_context = self._ctx_base + len(decodes) * t
-        else:
-            decodes = self._decodes()
-            if verifies:
-                verifying = {r.request_id for r, _ in verifies}
-                decodes = tuple(r for r in decodes if r.request_id not in verifying)
-            decode_context = sum(r.num_computed_tokens for r in decodes)
+        decodes, decode_context = self._step_decodes(t, verifies)
         rejected = ()
         if self._rejected:
             rejected, self._rejected = tuple(self._rejected), []
-        chunk_tokens = pairs = context = 0
-        for r, n in prefills:
-            c = r.num_computed_tokens
-            chunk_tokens += n
-            pairs += n * c + n * (n + 1) // 2
-            context += c + n
+        chunk_tokens, pairs, context = _chunk_shape(prefills)
         return new_plan(
             t,
             now,
@@ -290,6 +275,20 @@ class Scheduler:
             refreshed,
             tuple(verifies) if verifies else (),
         )
+
+    def _step_decodes(self, t: int, verifies) -> tuple[tuple[Request, ...], int]:  # noqa: ANN001
+        """The step's plain decodes (not verifying) and their context tokens; in event mode
+        the anchored set's tuple, kept until it changes, and its context in O(1)."""
+        if self._event:
+            decodes = self._decode_tuple
+            if decodes is None:
+                decodes = self._decode_tuple = tuple(self._decoding.values())
+            return decodes, self._ctx_base + len(decodes) * t
+        decodes = self._decodes()
+        if verifies:
+            verifying = {r.request_id for r, _ in verifies}
+            decodes = tuple(r for r in decodes if r.request_id not in verifying)
+        return decodes, sum(r.num_computed_tokens for r in decodes)
 
     def _refresh(self, now: float) -> None:
         """Let the policy revise its estimates, then re-read running requests' reservations."""
@@ -859,3 +858,15 @@ class Scheduler:
         self.policy.check_integrity()
         if self.speculation is not None:
             self.speculation.check_integrity()
+
+
+def _chunk_shape(prefills: list[tuple[Request, int]]) -> tuple[int, int, int]:
+    """The chunks' tokens, attention pairs (causal, over each chunk's context) and context
+    tokens at their ends."""
+    chunk_tokens = pairs = context = 0
+    for r, n in prefills:
+        c = r.num_computed_tokens
+        chunk_tokens += n
+        pairs += n * c + n * (n + 1) // 2
+        context += c + n
+    return chunk_tokens, pairs, context
