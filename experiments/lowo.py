@@ -7,7 +7,9 @@ multi-turn sessions, and ``results/lowo/engine_<model>``, the workloads of
 ``experiments.lowo_workloads`` where their GPU run is in) are grouped by model shape and
 workload (the case name less ``cal_`` and ``_r<rate>``). For each held-out workload both
 ``EngineCostModel`` and ``PhysicalCostModel`` are fitted on the *other* workloads' steps only
-(not the calibration CSV, which holds every committed workload's steps) and judged
+(not the calibration CSV, which holds every committed workload's steps) and judged. The
+physical fit also sees the shape's profiler grid (``GRIDS``: offline steps of fixed shapes, no
+workload's, so in every fold; ``simulator.physical_cost_model.grid_rows``). Both are judged
 
 * on the held-out steps: bias (sum predicted / sum measured - 1) and MAPE;
 * on the held-out runs, each re-simulated with each fit (``experiments.lowo_runs``): mean
@@ -31,7 +33,7 @@ import numpy as np
 from experiments.lowo_runs import Run, Source, compare_run, is_workload, load_runs
 from experiments.lowo_table import summaries, table
 from simulator.engine_cost_model import EngineCostModel, rows_of
-from simulator.physical_cost_model import PhysicalCostModel
+from simulator.physical_cost_model import PhysicalCostModel, grid_rows
 
 SOURCES = {
     "qwen2.5-7b": (
@@ -45,6 +47,7 @@ SOURCES = {
         Source("results/lowo/engine_qwen2.5-0.5b", "lowo"),
     ),
 }
+GRIDS = {m: f"calibration/h200_{m}.csv" for m in SOURCES}  # executor.profiler's grids
 TARGETS = {"bias": 0.015, "mape": 0.03, "itl_mean": 0.03, "e2e_mean": 0.03, "goodput_pts": 2.0}
 
 
@@ -111,17 +114,19 @@ def judge(model, runs: list[Run], offsets: dict[str, dict]) -> dict:  # noqa: AN
 def lowo(model: str, runs: list[Run], offsets: dict[str, dict]) -> tuple[list[dict], list[dict]]:
     """(held-out step rows, held-out run rows) of every workload of ``model``'s ``runs``."""
     runs = [r for r in runs if is_workload(r)]
+    grid = grid_rows(GRIDS[model])
     steps, per_run = [], []
     for held in sorted({r.workload for r in runs}):
         train = _rows([r for r in runs if r.workload != held], offsets)
         fits = {
             "engine": EngineCostModel.fit(train),
-            "physical": PhysicalCostModel.fit(train, model=model),
+            "physical": PhysicalCostModel.fit(train, model=model, grid=grid),
         }
         test = [r for r in runs if r.workload == held]
         for name, m in fits.items():
             steps.append({"model": model, "held_out": held, "cost_model": name,
-                          "train_steps": len(train), **judge(m, test, offsets)})  # fmt: skip
+                          "train_steps": len(train), "grid_steps": len(grid) * (name == "physical"),
+                          **judge(m, test, offsets)})  # fmt: skip
         for r in test:
             if r.source.manifest is not None:
                 off = offsets[r.source.engine_dir]["offset"]
@@ -141,6 +146,7 @@ def main(out: str = "results/lowo") -> dict:
         doc["steps"] += steps
         doc["runs"] += per_run
         doc["leases"][model] = offsets
+        doc.setdefault("grids", {})[model] = GRIDS[model]
     doc["summary"] = summaries(doc)
     Path(out).mkdir(parents=True, exist_ok=True)
     (Path(out) / "lowo.json").write_text(json.dumps(doc, indent=1) + "\n")

@@ -14,8 +14,9 @@ round-trip exactly: a loaded model times every plan as the freshly fitted one do
 summary records both files and their digests (``EngineCostModel.provenance``).
 
 The physical model (``simulator.physical_cost_model``) is kept the same way, in
-``<name>.physical.fit.json`` (``load_physical``): its fit also depends on the model shape,
-which the artifact names.
+``<name>.physical.fit.json`` (``load_physical``): its fit also depends on the model shape and
+on the profiler grid beside the file (``physical_cost_model.grid_path``), which the artifact
+names (the grid's SHA-256, or null where there is none).
 """
 
 from __future__ import annotations
@@ -28,11 +29,12 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 from simulator.engine_cost_model import Buckets, EngineCostModel, read_steps
-from simulator.physical_cost_model import PhysicalCostModel
+from simulator.physical_cost_model import PhysicalCostModel, grid_path
 
 FORMAT = "horizon-engine-cost-fit"
 VERSION = 1
 PHYSICAL_FORMAT = "horizon-physical-cost-fit"
+PHYSICAL_VERSION = 2  # 2: the compute side, the grid
 
 
 def fit_path(calibration: str | Path) -> Path:
@@ -136,18 +138,22 @@ def load_physical(calibration: str | Path, model: str) -> PhysicalCostModel:
     if not calibration.exists():
         read_steps(calibration)  # its ValueError names the file and what to do
     digest = sha256_of(calibration)
+    grid = grid_path(calibration)
+    grid_digest = sha256_of(grid) if grid.exists() else None
     artifact = physical_fit_path(calibration)
-    found = _read_physical(artifact, digest, model)
+    found = _read_physical(artifact, (digest, grid_digest), model)
     if found is None:
         found = PhysicalCostModel.from_file(calibration, model)
         doc = {
             "format": PHYSICAL_FORMAT,
-            "version": VERSION,
+            "version": PHYSICAL_VERSION,
             "calibration": calibration.name,
             "calibration_sha256": digest,
+            "grid_sha256": grid_digest,
             "model": model,
             "coef": list(found.coef),
             "kv_bytes_per_token": found.kv_bytes_per_token,
+            "tflops": list(found.tflops),
             "buckets": asdict(found.buckets),
             "meta": found.meta,
         }
@@ -161,19 +167,23 @@ def load_physical(calibration: str | Path, model: str) -> PhysicalCostModel:
     return replace(found, provenance=provenance)
 
 
-def _read_physical(artifact: Path, digest: str, model: str) -> PhysicalCostModel | None:
-    """The model in ``artifact`` if it was fitted to the bytes of ``digest`` for ``model``."""
+def _read_physical(
+    artifact: Path, digests: tuple[str, str | None], model: str
+) -> PhysicalCostModel | None:
+    """The model in ``artifact`` if it was fitted to the bytes of ``digests`` (calibration,
+    grid or None) for ``model``."""
     if not artifact.exists():
         return None
     try:
         doc = json.loads(artifact.read_text())
     except json.JSONDecodeError:
         return None  # a damaged artifact is fitted again
-    want = (PHYSICAL_FORMAT, VERSION, digest, model)
+    want = (PHYSICAL_FORMAT, PHYSICAL_VERSION, *digests, model)
     if (
         doc.get("format"),
         doc.get("version"),
         doc.get("calibration_sha256"),
+        doc.get("grid_sha256"),
         doc.get("model"),
     ) != want:
         return None
@@ -181,5 +191,6 @@ def _read_physical(artifact: Path, digest: str, model: str) -> PhysicalCostModel
         coef=tuple(doc["coef"]),
         kv_bytes_per_token=doc["kv_bytes_per_token"],
         buckets=Buckets(**doc["buckets"]),
+        tflops=tuple(doc["tflops"]),
         meta=doc["meta"],
     )

@@ -1,25 +1,41 @@
 """A step cost priced by physics: what a step reads and computes, with coefficients fitted
-(non-negative, minimising relative error) to measured engine steps.
+(non-negative, minimising relative error) to measured engine steps and to the profiler's grid.
 
-One regime for every step::
+A step is bound by memory or by compute, whichever takes longer, plus the host's work::
 
-    t = a_graph * [decode-only] + a_mixed * [mixed] + w * padded_tokens
-        + k * kv_gb + q * attention_pairs + h * requests + r * refreshed + s * preempting
+    memory  = a_graph * [decode-only] + a_mixed * [mixed] + w * padded_tokens
+              + k * kv_gb + q * attention_pairs
+    compute = f * linear_tflop + g * attention_tflop
+    t       = max(memory, compute) + h * requests + r * refreshed + s * preempting + o
 
 * ``a_graph`` / ``a_mixed``: the weights read once per step and the launch of the captured graph
   (decode-only graphs and mixed graphs are captured apart, so each has its own constant);
-* ``padded_tokens``: tokens of the step padded to its captured bucket (the linear layers' FLOPs
-  run on the padded rows);
+* ``padded_tokens``: tokens of the step padded to its captured bucket (what the bucket's rows
+  cost while the step is bound by the weight read);
 * ``kv_gb``: KV bytes read, (decode context + prefill context) x the model shape's KV bytes per
   token, in GB: the one term that grows with context, priced per byte so longer contexts than
   calibrated cost what the bytes cost;
-* ``attention_pairs``: the prefill chunks' query x key pairs (attention FLOPs);
-* ``requests`` (decodes + chunks), ``refreshed``: host work per request.
+* ``attention_pairs``: the prefill chunks' query x key pairs;
+* ``linear_tflop``: the linear layers' FLOPs, 2 x the shape's matmul parameters x padded
+  tokens; ``attention_tflop``: 4 x layers x query heads x head dim per attention pair (QK^T
+  and PV). ``1 / f`` and ``1 / g`` are the effective throughputs (TFLOP/s) once a step is
+  compute-bound: a 2,048-token chunk costs its FLOPs whatever the small steps' slope is, so the
+  knee (where ``compute`` overtakes ``memory``) cannot be traded away by a fit dominated by
+  small steps;
+* ``requests`` (decodes + chunks), ``refreshed``, ``preempting``: host work per request;
+* ``o``: host work of an online engine step that the profiler's offline steps
+  (``executor.profiler``: ``ModelRunner.execute`` alone) do not do; every predicted step is an
+  online one and pays it.
 
-Every coefficient is >= 0: each term is work. Built with ``fit`` (rows are
+Every coefficient is >= 0: each term is work. ``fit`` alternates between assigning each step to
+the side that is larger and one non-negative relative-error fit of both sides (a max-affine
+fit), until no step changes side. Calibration: ``fit(rows, grid=...)`` adds offline steps of
+the profiler's grid (``grid_rows``; only chunks of >= ``GRID_MIN_PREFILL`` tokens, the
+compute-bound corner online steps rarely reach) weighted as ``GRID_WEIGHT`` of the online
+steps; they pay no ``o``. Built with ``fit`` (rows are
 ``simulator.engine_cost_model.STEP_COLUMNS``) or ``from_file`` (a calibration file of
-``write_steps``); the simulator's ``physical`` cost model loads it fitted once per file
-(``simulator.cost_model_artifact.load_physical``).
+``write_steps``, and the grid beside it where there is one: ``grid_path``); the simulator's
+``physical`` cost model loads it fitted once per file (``simulator.cost_model_artifact``).
 """
 
 from __future__ import annotations
@@ -31,26 +47,32 @@ from pathlib import Path
 
 import numpy as np
 
-from horizon.model_shape import model_shape
+from horizon.model_shape import ModelShape, model_shape
 from horizon.plan import StepPlan
 from horizon.step_buckets import bucket_of
-from simulator.engine_cost_model import Buckets, _fit_mape, read_steps
+from simulator.engine_cost_model import STEP_COLUMNS, Buckets, read_steps
 
 DEFAULT_BUCKETS = Buckets()
-TERMS = (
-    "decode_graph",
-    "mixed_graph",
-    "padded_tokens",
-    "kv_gb",
-    "attention_pairs",
-    "requests",
-    "refreshed",
-    "preempting",
-)
+MEMORY = ("decode_graph", "mixed_graph", "padded_tokens", "kv_gb", "attention_pairs")
+COMPUTE = ("linear_tflop", "attention_tflop")
+HOST = ("requests", "refreshed", "preempting", "online_host")
+TERMS = (*MEMORY, *COMPUTE, *HOST)
+GRID_MIN_PREFILL = 1024  # grid steps with chunks this long calibrate the compute-bound corner
+GRID_WEIGHT = 0.01  # the grid's steps together weigh this fraction of the online steps
+GRID_COLUMNS = STEP_COLUMNS[:6]  # the profiler CSV's plan fields, as the online files'
 
 
-def physical_features(rows: np.ndarray, buckets: Buckets, kv_bytes_per_token: int) -> np.ndarray:
-    """``[steps, len(TERMS)]`` features of ``STEP_COLUMNS`` rows."""
+def tflop_per(shape: ModelShape) -> tuple[float, float]:
+    """(TFLOP per padded token of the linear layers, TFLOP per attention pair) of ``shape``."""
+    pair = 4 * shape.num_layers * shape.num_heads * shape.head_dim
+    return 2 * shape.matmul_params / 1e12, pair / 1e12
+
+
+def physical_features(
+    rows: np.ndarray, buckets: Buckets, kv_bytes_per_token: int, tflops: tuple[float, float]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(memory, compute, host) feature matrices of ``STEP_COLUMNS`` rows, columns as
+    ``MEMORY``, ``COMPUTE`` and ``HOST``; the host's ``online_host`` column is 1."""
     p, d, dctx, pctx, pairs, n, ref, pre = (rows[:, i] for i in range(8))
     mixed = (p > 0).astype(np.float64)
     db, mb = buckets.decode, buckets.mixed
@@ -59,8 +81,74 @@ def physical_features(rows: np.ndarray, buckets: Buckets, kv_bytes_per_token: in
         dtype=np.float64,
     )
     kv_gb = (dctx + pctx) * kv_bytes_per_token / 1e9
-    cols = [1.0 - mixed, mixed, padded, kv_gb, pairs, d + n, ref, (pre > 0).astype(np.float64)]
-    return np.stack(cols, axis=1)
+    memory = np.stack([1.0 - mixed, mixed, padded, kv_gb, pairs], axis=1)
+    compute = np.stack([padded * tflops[0], pairs * tflops[1]], axis=1)
+    host = np.stack([d + n, ref, (pre > 0).astype(np.float64), np.ones(len(rows))], axis=1)
+    return memory, compute, host
+
+
+def grid_rows(path: str | Path, min_prefill: int = GRID_MIN_PREFILL) -> np.ndarray:
+    """``STEP_COLUMNS`` rows of a profiler grid CSV (``executor.profiler``; none refreshed or
+    preempting), its steps with >= ``min_prefill`` prefill tokens. Raises ValueError for a
+    file without the profiler's columns."""
+    lines = Path(path).read_text().splitlines()
+    head = lines[0].split(",")
+    missing = [c for c in (*GRID_COLUMNS, "step_s") if c not in head]
+    if missing:
+        raise ValueError(f"{path}: not a profiler grid (no {', '.join(missing)})")
+    idx = [head.index(c) for c in (*GRID_COLUMNS, "step_s")]
+    vals = np.array([[float(ln.split(",")[i]) for i in idx] for ln in lines[1:] if ln])
+    rows = np.zeros((len(vals), len(STEP_COLUMNS)))
+    rows[:, :6], rows[:, -1] = vals[:, :6], vals[:, 6]
+    return rows[rows[:, 0] >= min_prefill]
+
+
+def grid_path(calibration: str | Path) -> Path:
+    """The profiler grid of an online-steps file's shape: ``h200_<model>_online.csv.gz`` ->
+    ``h200_<model>.csv`` beside it (it may not exist)."""
+    p = Path(calibration)
+    return p.with_name(
+        p.name.removesuffix(".gz").removesuffix(".csv").removesuffix("_online") + ".csv"
+    )
+
+
+def _nnls(x: np.ndarray, y: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """Non-negative least squares of ``w * (x @ c - y)``, through the QR factor of the
+    weighted ``[x | y]`` (a problem of ``x``'s column count, whatever its length)."""
+    from scipy.optimize import nnls  # only when fitting
+
+    k = x.shape[1]
+    r = np.linalg.qr(np.c_[x, y] * w[:, None], mode="r")
+    return nnls(r[:k, :k], r[:k, k])[0]
+
+
+def _irls(x: np.ndarray, y: np.ndarray, base: np.ndarray, iterations: int) -> np.ndarray:
+    """Non-negative coefficients minimising ``sum(base * |x @ c - y| / y)`` (as
+    ``engine_cost_model._fit_mape``, with a weight ``base`` per step)."""
+    coef = _nnls(x, y, base / y)
+    for _ in range(iterations):
+        r = np.abs(x @ coef - y) / y
+        coef = _nnls(x, y, base / (y * np.sqrt(np.maximum(r, 1e-4))))
+    return coef
+
+
+def _fit_max(
+    feats: tuple[np.ndarray, np.ndarray, np.ndarray], y: np.ndarray, base: np.ndarray
+) -> np.ndarray:
+    """Coefficients of ``max(memory, compute) + host``: each step on the side that is larger
+    (at first: the steps of >= 1,024 padded tokens on the compute side), one fit of all three
+    with those sides, repeated until no step changes side (at most 12 rounds)."""
+    memory, compute, host = feats
+    nm, nc = memory.shape[1], compute.shape[1]
+    side = memory[:, 2] >= 1024
+    for _ in range(12):
+        x = np.concatenate([memory * ~side[:, None], compute * side[:, None], host], axis=1)
+        coef = np.maximum(_irls(x, y, base, 15), 0.0)
+        new = compute @ coef[nm : nm + nc] > memory @ coef[:nm]
+        if np.array_equal(new, side):
+            break
+        side = new
+    return coef
 
 
 @dataclass(frozen=True)
@@ -68,12 +156,14 @@ class PhysicalCostModel:
     """``step_time(plan)`` from physical features; build with ``fit`` or ``from_file``.
 
     ``coef``: seconds per unit of each of ``TERMS`` (all >= 0); ``kv_bytes_per_token``: the
-    model shape's, which turns context tokens into bytes read.
+    model shape's, which turns context tokens into bytes read; ``tflops``: the shape's TFLOP
+    per padded token and per attention pair (``tflop_per``; zero: no compute side).
     """
 
     coef: tuple[float, ...]
     kv_bytes_per_token: int
     buckets: Buckets = DEFAULT_BUCKETS
+    tflops: tuple[float, float] = (0.0, 0.0)
     meta: dict = field(default_factory=dict, compare=False)
     # where it came from (``simulator.cost_model_artifact``): files and their SHA-256
     provenance: dict | None = field(default=None, compare=False)
@@ -83,8 +173,8 @@ class PhysicalCostModel:
             raise ValueError(
                 f"PhysicalCostModel.coef needs {len(TERMS)} values, got {len(self.coef)}"
             )
-        if min(self.coef) < 0:
-            raise ValueError("PhysicalCostModel.coef must be >= 0")
+        if min(self.coef) < 0 or min(self.tflops) < 0:
+            raise ValueError("PhysicalCostModel.coef and tflops must be >= 0")
 
     @classmethod
     def fit(  # noqa: ANN206
@@ -93,24 +183,36 @@ class PhysicalCostModel:
         model: str = "qwen2.5-7b",
         buckets: Buckets = DEFAULT_BUCKETS,
         meta: dict | None = None,
+        grid: np.ndarray | None = None,
     ):
-        """Fit to ``STEP_COLUMNS`` rows (steps without a token ignored) of the shape ``model``.
-        Raises ValueError for fewer than 20 such rows."""
+        """Fit to ``STEP_COLUMNS`` rows of online steps (steps without a token ignored) of the
+        shape ``model`` and the offline ``grid`` rows (``grid_rows``), if any, weighted as
+        ``GRID_WEIGHT`` of the online steps. Raises ValueError for fewer than 20 online steps."""
         rows = rows[(rows[:, 0] + rows[:, 1]) > 0]
         if len(rows) < 20:
             raise ValueError(f"PhysicalCostModel.fit needs >= 20 steps, got {len(rows)}")
-        kvb = model_shape(model).kv_bytes_per_token()
-        x = physical_features(rows, buckets, kvb)
-        coef = _fit_mape(x, rows[:, -1], nonneg=True)
-        return cls(tuple(float(c) for c in np.maximum(coef, 0.0)), kvb, buckets, dict(meta or {}))
+        shape = model_shape(model)
+        kvb, tf = shape.kv_bytes_per_token(), tflop_per(shape)
+        grid = np.zeros((0, rows.shape[1])) if grid is None else grid
+        both = np.concatenate([rows, grid])
+        memory, compute, host = physical_features(both, buckets, kvb, tf)
+        host[len(rows) :, -1] = 0.0  # offline steps: no online host work
+        base = np.ones(len(both))
+        base[len(rows) :] = GRID_WEIGHT * len(rows) / max(len(grid), 1)
+        coef = _fit_max((memory, compute, host), both[:, -1], base)
+        return cls(tuple(float(c) for c in coef), kvb, buckets, tf, dict(meta or {}))
 
     @classmethod
     def from_file(cls, path: str | Path, model: str) -> PhysicalCostModel:
         """Fit to a calibration file of ``write_steps`` (its sidecar JSON gives the buckets)
-        measured on the shape ``model``. Raises ValueError for a missing or malformed file."""
+        measured on the shape ``model``, and to the profiler grid beside it (``grid_path``)
+        where there is one. Raises ValueError for a missing or malformed file."""
         rows, meta = read_steps(path)
         b = meta.get("buckets", {})
-        return cls.fit(rows, model, Buckets(**b) if b else DEFAULT_BUCKETS, meta)
+        g = grid_path(path)
+        grid = grid_rows(g) if g.exists() else None
+        meta = {**meta, "grid": g.name if grid is not None else None}
+        return cls.fit(rows, model, Buckets(**b) if b else DEFAULT_BUCKETS, meta, grid)
 
     @property
     def max_num_seqs(self) -> int:
@@ -123,8 +225,12 @@ class PhysicalCostModel:
         return replace(self, coef=tuple(c * factor for c in self.coef))
 
     def predict_rows(self, rows: np.ndarray) -> np.ndarray:
-        x = physical_features(rows, self.buckets, self.kv_bytes_per_token)
-        return np.maximum(x @ np.array(self.coef), 1e-6)
+        memory, compute, host = physical_features(
+            rows, self.buckets, self.kv_bytes_per_token, self.tflops
+        )
+        c, nm, nc = np.array(self.coef), len(MEMORY), len(COMPUTE)
+        t = np.maximum(memory @ c[:nm], compute @ c[nm : nm + nc]) + host @ c[nm + nc :]
+        return np.maximum(t, 1e-6)
 
     def step_time(self, plan: StepPlan) -> float:
         """The step's seconds: ``predict_rows`` of its row, in scalar arithmetic (the
@@ -133,14 +239,14 @@ class PhysicalCostModel:
         if p == 0 and d == 0:
             return 0.0
         c = self.coef
-        if p > 0:
-            t = c[1] + c[2] * bucket_of(p + d, self._mixed)
-        else:
-            t = c[0] + c[2] * bucket_of(d, self._decode)
+        padded = bucket_of(p + d, self._mixed) if p > 0 else bucket_of(d, self._decode)
+        pairs = plan.prefill_attention_pairs
         ctx = plan.decode_context_tokens + plan.prefill_context_tokens
-        t += c[3] * (ctx * self.kv_bytes_per_token / 1e9) + c[4] * plan.prefill_attention_pairs
-        t += c[5] * (d + len(plan.prefills)) + c[6] * plan.num_refreshed
-        t += c[7] if plan.preempted else 0.0
+        memory = (c[1] if p > 0 else c[0]) + c[2] * padded
+        memory += c[3] * (ctx * self.kv_bytes_per_token / 1e9) + c[4] * pairs
+        compute = c[5] * (padded * self.tflops[0]) + c[6] * (pairs * self.tflops[1])
+        t = max(memory, compute) + c[7] * (d + len(plan.prefills)) + c[8] * plan.num_refreshed
+        t += (c[9] if plan.preempted else 0.0) + c[10]
         return max(t, 1e-6)
 
     @functools.cached_property

@@ -12,32 +12,105 @@ from horizon.scheduler_config import SchedulerConfig
 from simulator import Simulation, gpu_spec, make_cost_model
 from simulator.cost_model_artifact import physical_fit_path, sha256_of
 from simulator.engine_cost_model import Buckets, step_rows, write_steps
-from simulator.physical_cost_model import PhysicalCostModel, physical_features
+from simulator.physical_cost_model import (
+    COMPUTE,
+    MEMORY,
+    PhysicalCostModel,
+    grid_path,
+    grid_rows,
+    physical_features,
+    tflop_per,
+)
 
-TRUE = (4e-3, 6e-3, 2e-6, 1.5e-3, 1e-10, 2e-6, 1e-6, 2e-4)
+# memory side, compute side (s per TFLOP: 625 and 286 TFLOP/s), host (last: online host work)
+TRUE = (4e-3, 6e-3, 2e-6, 1.5e-3, 1e-10, 1.6e-3, 3.5e-3, 2e-6, 1e-6, 2e-4, 5e-4)
+TFLOPS = tflop_per(model_shape("qwen2.5-7b"))
+NM, NC = len(MEMORY), len(COMPUTE)
 
 
-def _steps(rng, n, ctx_scale=1.0):
+def _sides(rows):
+    """(memory, compute) seconds of ``rows`` under ``TRUE``."""
+    memory, compute, _ = physical_features(rows, Buckets(), 57344, TFLOPS)
+    c = np.array(TRUE)
+    return memory @ c[:NM], compute @ c[NM : NM + NC]
+
+
+def _time(rows, online=True):
+    """``TRUE``'s seconds of ``rows``: max(memory, compute) + host (less the online host
+    work for offline steps)."""
+    _, _, host = physical_features(rows, Buckets(), 57344, TFLOPS)
+    host[:, -1] = 1.0 if online else 0.0
+    return np.maximum(*_sides(rows)) + host @ np.array(TRUE)[NM + NC :]
+
+
+def _steps(rng, n, ctx_scale=1.0, max_prefill=2048, online=True):
     d = rng.integers(1, 200, n).astype(float)
-    p = np.where(rng.random(n) < 0.4, rng.integers(1, 1800, n), 0).astype(float)
+    p = np.where(rng.random(n) < 0.4, rng.integers(1, max_prefill + 1, n), 0).astype(float)
+    p = np.minimum(p, np.maximum(2048 - d, 0))  # the step's token budget
     dctx = d * rng.integers(100, 1500, n) * ctx_scale
-    pctx = np.where(p > 0, rng.integers(0, 2000, n) * ctx_scale, 0)
-    pairs = p * (pctx + p / 2)
+    pctx = np.where(p > 0, p + rng.integers(0, 2000, n) * ctx_scale, 0)
+    pairs = p * (pctx - p) + p * (p + 1) / 2
     chunks = (p > 0).astype(float)
     rows = np.stack(
         [p, d, dctx, pctx, pairs, chunks, rng.integers(0, 5, n), np.zeros(n), np.zeros(n)], 1
     )
-    rows[:, -1] = physical_features(rows, Buckets(), 57344) @ np.array(TRUE)
+    rows[:, -1] = _time(rows, online)
     return rows
 
 
-def test_fit_recovers_coefficients_and_extrapolates_to_4x_context():
+def test_the_knee_recovers_both_sides_coefficients_and_extrapolates_to_4x_context():
     rng = np.random.default_rng(0)
-    m = PhysicalCostModel.fit(_steps(rng, 3000))
-    assert np.allclose(m.coef[:5], TRUE[:5], rtol=0.05)
+    rows = _steps(rng, 3000)
+    memory, compute = _sides(rows)
+    assert 0.1 < (compute > memory).mean() < 0.9  # steps on both sides of the knee
+    m = PhysicalCostModel.fit(rows)
+    assert m.tflops == TFLOPS
+    assert np.allclose(m.coef[:7], TRUE[:7], rtol=0.02)  # memory and compute sides
+    assert m.coef[-1] == pytest.approx(TRUE[-1], rel=0.05)
     far = _steps(rng, 500, ctx_scale=4.0)
     err = np.abs(m.predict_rows(far) / far[:, -1] - 1)
     assert err.mean() < 0.01
+
+
+def test_the_grid_calibrates_the_compute_side_online_steps_never_reach():
+    """Online steps of <= 192 prefill tokens, all memory-bound; the offline grid's long
+    chunks (without the online host work) price the 2,048-token steps."""
+    rng = np.random.default_rng(1)
+    online = _steps(rng, 3000, max_prefill=192)
+    memory, compute = _sides(online)
+    online = online[compute < memory]
+    assert len(online) > 2000
+    grid = _steps(rng, 40, max_prefill=2048, online=False)
+    grid = grid[grid[:, 0] >= 1024]
+    full = _steps(rng, 2000)
+    full = full[full[:, 0] >= 1800]
+    with_grid = PhysicalCostModel.fit(online, grid=grid)
+    err = np.abs(with_grid.predict_rows(full) / full[:, -1] - 1)
+    assert err.max() < 0.01
+    assert np.allclose(with_grid.coef[NM : NM + NC], TRUE[NM : NM + NC], rtol=0.02)
+    # no step is compute-bound both online and offline: only the online steps' constant,
+    # graph launch plus online host work, is known, not how it splits
+    assert with_grid.coef[1] + with_grid.coef[-1] == pytest.approx(TRUE[1] + TRUE[-1], rel=0.01)
+    alone = PhysicalCostModel.fit(online)  # no compute side to learn: underpriced
+    assert np.mean(alone.predict_rows(full) / full[:, -1]) < 0.8
+
+
+def test_grid_rows_reads_the_profilers_long_chunks(tmp_path):
+    path = tmp_path / "h200_qwen2.5-7b.csv"
+    path.write_text(
+        "num_prefill_tokens,num_decodes,decode_context_tokens,prefill_context_tokens,"
+        "prefill_attention_pairs,num_prefills,step_s,step_s_p10,step_s_p90,kind,cuda_graph\n"
+        "0,2,254,0,0,0,0.0045,0.0045,0.0046,decode,True\n"
+        "2048,0,0,5120,8389632,1,0.0577,0.057,0.058,prefill,True\n"
+    )
+    rows = grid_rows(path)
+    assert rows.shape == (1, 9)
+    assert rows[0].tolist() == [2048, 0, 0, 5120, 8389632, 1, 0, 0, 0.0577]
+    assert grid_path(tmp_path / "h200_qwen2.5-7b_online.csv.gz") == path
+    bad = tmp_path / "bad.csv"
+    bad.write_text("a,b\n1,2\n")
+    with pytest.raises(ValueError, match="not a profiler grid"):
+        grid_rows(bad)
 
 
 # --- the registered cost model ("physical"), fitted once per calibration file -------------
@@ -130,3 +203,31 @@ def test_the_sim_physical_backend_config_builds_it(calibration):
     cost = build_components(cfg).cost_model
     assert cost == PhysicalCostModel.from_file(calibration, "qwen2.5-7b")
     assert cost.provenance["fit"] == str(physical_fit_path(calibration))
+
+
+def test_a_grid_beside_the_file_is_fitted_and_named_by_the_artifact(calibration):
+    import json
+
+    rng = np.random.default_rng(5)
+    grid = _steps(rng, 60, online=False)
+    grid = grid[grid[:, 0] >= 1024]
+    head = "num_prefill_tokens,num_decodes,decode_context_tokens,prefill_context_tokens,"
+    head += "prefill_attention_pairs,num_prefills,step_s,step_s_p10,step_s_p90,kind,cuda_graph"
+    lines = [",".join(f"{v:.9g}" for v in (*r[:6], r[-1], r[-1], r[-1])) + ",prefill,True"
+             for r in grid]  # fmt: skip
+    gpath = grid_path(calibration)
+    gpath.write_text("\n".join([head, *lines]) + "\n")
+    model = _make(calibration)
+    assert model.meta["grid"] == gpath.name
+    assert model == PhysicalCostModel.fit(*_online(calibration), grid=grid_rows(gpath))
+    doc = json.loads(physical_fit_path(calibration).read_text())
+    assert doc["grid_sha256"] == sha256_of(gpath)
+    gpath.write_text("\n".join([head, *lines[:-1]]) + "\n")  # another grid: fitted again
+    assert _make(calibration) != model
+
+
+def _online(path):
+    from simulator.engine_cost_model import read_steps
+
+    rows, meta = read_steps(path)
+    return rows, "qwen2.5-7b", Buckets(**meta["buckets"])
