@@ -289,7 +289,15 @@ class EngineCluster:
         return [policy] * self.num_replicas
 
     def _run(  # noqa: ANN001 - run's arguments
-        self, requests, sessions, router, policies, view_delay, max_time, predictor, check_every,
+        self,
+        requests,
+        sessions,
+        router,
+        policies,
+        view_delay,
+        max_time,
+        predictor,
+        check_every,
         decode_router,
     ) -> ClusterRecords:
         for inbox, p in zip(self._inboxes, policies):
