@@ -68,26 +68,8 @@ def main_stated(a: Namespace, batches: list[int], ks: list[int]) -> int:
 
     rows = held_grid(target, make, batches, ks, alphas, work, a.budget_s, on_row=on_row)
     cross = crossovers(rows, batches)
-    sim_cross = None
-    if a.compare:
-        with open(a.compare) as f:
-            sim = json.load(f)
-        compare_simulated(rows, sim, "ngram" if draft is None else "draft_0.5b")
-        sim_rows = [{**r, "speedup": r["sim_speedup"]} for r in rows if "sim_speedup" in r]
-        sim_cross = crossovers(sim_rows, batches)
-    costs = None
-    if a.draft_cost and draft is not None:
-        from executor.draft_cost import draft_costs
-        from executor.draft_model import DraftModelDrafter
-        from executor.paged_draft import PagedDraftModelDrafter
-
-        max_len = work.prompt + 16 * 14 + 32
-        drafters = {
-            "paged": lambda b: PagedDraftModelDrafter(draft, max_seqs=b, max_len=max_len),
-            "dense": lambda b: DraftModelDrafter(draft) if b <= DENSE_MAX_BATCH else None,
-        }
-        cost_batches = [int(x) for x in a.draft_cost.split(",")]
-        costs = draft_costs(draft, drafters, cost_batches, work.prompt, max(ks))
+    sim_cross = _simulated_crossovers(a.compare, rows, batches, draft)
+    costs = _draft_costs(a.draft_cost, draft, work, ks)
     a_t, k_t, b_t, x_t = TARGET
     hit = next((r for r in rows if (r.get("alpha"), r["k"], r["batch"]) == (a_t, k_t, b_t)), None)
     met = None if hit is None or hit.get("skipped") else hit["speedup"] >= x_t
@@ -109,3 +91,33 @@ def main_stated(a: Namespace, batches: list[int], ks: list[int]) -> int:
     print(HEAD)
     print("\n".join(row_text(r) for r in rows))
     return 0
+
+
+def _simulated_crossovers(compare, rows: list[dict], batches: list[int], draft):  # noqa: ANN001, ANN202
+    """With ``--compare SIM.json``: each row gets the simulator's figures beside it; the
+    simulated crossovers over the same batches (None without)."""
+    if not compare:
+        return None
+    with open(compare) as f:
+        sim = json.load(f)
+    compare_simulated(rows, sim, "ngram" if draft is None else "draft_0.5b")
+    sim_rows = [{**r, "speedup": r["sim_speedup"]} for r in rows if "sim_speedup" in r]
+    return crossovers(sim_rows, batches)
+
+
+def _draft_costs(batches_arg, draft, work: HeldWorkload, ks: list[int]):  # noqa: ANN001, ANN202
+    """With ``--draft-cost B1,B2,..`` and a draft model: the paged and dense drafters' cost per
+    position at those batches (``executor.draft_cost``); None otherwise."""
+    if not batches_arg or draft is None:
+        return None
+    from executor.draft_cost import draft_costs
+    from executor.draft_model import DraftModelDrafter
+    from executor.paged_draft import PagedDraftModelDrafter
+
+    max_len = work.prompt + 16 * 14 + 32
+    drafters = {
+        "paged": lambda b: PagedDraftModelDrafter(draft, max_seqs=b, max_len=max_len),
+        "dense": lambda b: DraftModelDrafter(draft) if b <= DENSE_MAX_BATCH else None,
+    }
+    cost_batches = [int(x) for x in batches_arg.split(",")]
+    return draft_costs(draft, drafters, cost_batches, work.prompt, max(ks))
