@@ -590,18 +590,7 @@ class Scheduler:
         assert t == self.clock.step == self._last_plan_step, "update() out of order"
         rec, event = self.recorder, self._event
         verifies = plan.verifies
-        entered: list[Request] = []
-        if plan.prefills:
-            register, prefilling = self.kv.register_computed, self._prefilling
-            for r, n in plan.prefills:
-                rec.compute(r, r.num_computed_tokens, n)
-                if r.advance(n):
-                    rec.emit(r, t)
-                    del prefilling[r.request_id]
-                    entered.append(r)
-                register(r)
-                if r.handoff and r.num_tokens_to_compute == 1:
-                    self._hand_off(r, now)
+        entered = self._advance_prefills(plan.prefills, t, now) if plan.prefills else ()
         self.queued_prefill_tokens -= plan.num_prefill_tokens
         self.tokens_emitted += len(plan.decodes) + len(entered)
         if verifies:
@@ -623,11 +612,7 @@ class Scheduler:
             r.status = RequestStatus.FINISHED
             rec.finish(r)
         if self._aborting:
-            for rid in sorted(self._aborting):  # a fixed order: the free queue's
-                r = self.running.get(rid)
-                if r is not None:  # else it finished in this very step
-                    self._abort_running(r)
-            self._aborting.clear()
+            self._abort_requested()
         rec.step(
             plan.time,
             now,
@@ -647,6 +632,33 @@ class Scheduler:
             plan.num_refreshed,
             len(plan.preempted),
         )
+
+    def _advance_prefills(
+        self, prefills: tuple[tuple[Request, int], ...], t: int, now: float
+    ) -> list[Request]:
+        """Advance the step's chunks (recorded, their blocks' hashes registered); a chunk that
+        ends its prefill emits the first token. Returns the requests that entered decoding; a
+        handoff request whose prompt is computed is handed off."""
+        rec, register, prefilling = self.recorder, self.kv.register_computed, self._prefilling
+        entered = []
+        for r, n in prefills:
+            rec.compute(r, r.num_computed_tokens, n)
+            if r.advance(n):
+                rec.emit(r, t)
+                del prefilling[r.request_id]
+                entered.append(r)
+            register(r)
+            if r.handoff and r.num_tokens_to_compute == 1:
+                self._hand_off(r, now)
+        return entered
+
+    def _abort_requested(self) -> None:
+        """Abort the running requests ``abort`` marked (those still running)."""
+        for rid in sorted(self._aborting):  # a fixed order: the free queue's
+            r = self.running.get(rid)
+            if r is not None:  # else it finished in this very step
+                self._abort_running(r)
+        self._aborting.clear()
 
     def _enter_decode(self, r: Request) -> None:
         """Event mode: anchor a request that just finished its prefill."""
