@@ -42,6 +42,7 @@ class DraftModelDrafter(Drafter):
         if not isinstance(model, CausalLM):
             raise ValueError(f"DraftModelDrafter.model must be a CausalLM or a name, got {model!r}")
         self.model = model
+        self.vocab_size = model.config.vocab_size
         self._caches: dict[int, tuple[DenseKVCache, list[int]]] = {}
 
     def forget(self, request_id: int) -> None:

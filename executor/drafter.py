@@ -41,9 +41,13 @@ class Drafter:
         * The runner rolls nothing back for a drafter: the history passed in is the accepted
           one, and a drafter that keeps state (a draft model's cache) must check it against
           that history (rejected drafts, a preemption's recompute).
+        * ``vocab_size``: the most token ids the drafter reads (a draft model's embedding
+          rows), or ``None`` (any id: n-gram lookup). The runner refuses a drafter whose
+          ``vocab_size`` is below the target's, which can emit every id the drafter is fed.
     """
 
     name = "base"
+    vocab_size: int | None = None
 
     def propose(self, tokens: np.ndarray, k: int) -> np.ndarray:
         return np.zeros(0, dtype=np.int64)

@@ -29,6 +29,7 @@ at least two tokens (a verifying request has emitted one).
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Sequence
 
@@ -44,13 +45,24 @@ from executor.model import CausalLM
 from horizon.step_buckets import GRAPH_BATCH_SIZES, bucket_of, decode_buckets
 
 
-def draft_model_of(name: str, dtype: str, device: str, seed: int = 0) -> CausalLM:
+def draft_model_of(
+    name: str, dtype: str, device: str, seed: int = 0, vocab_size: int | None = None
+) -> CausalLM:
     """A preset shape (``executor.model.config``, e.g. ``qwen2.5-0.5b``) with seeded random
-    weights (its drafts mean nothing: for stated acceptance, where only its cost counts)."""
+    weights (its drafts mean nothing: for stated acceptance, where only its cost counts).
+
+    ``vocab_size``: the target's, where the pair shares a tokenizer but pads its embedding
+    rows differently (Qwen2.5-0.5B 151,936 rows, 7B 152,064, both over the same 151,665-token
+    tokenizer): a random-weight target emits ids in its padding that the draft must read."""
     from executor.bench import device_random_weights
     from executor.model import ModelConfig
 
-    model = CausalLM(ModelConfig.for_preset(name), device=device, dtype=getattr(torch, dtype))
+    config = ModelConfig.for_preset(name)
+    if vocab_size is not None:
+        config = dataclasses.replace(
+            config, shape=dataclasses.replace(config.shape, vocab_size=vocab_size)
+        )
+    model = CausalLM(config, device=device, dtype=getattr(torch, dtype))
     device_random_weights(model, seed)
     return model.eval()
 
@@ -93,6 +105,7 @@ class PagedDraftModelDrafter(Drafter):
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ValueError(f"PagedDraftModelDrafter.{field} must be an int >= 1, got {v!r}")
         self.model, c = model, model.config
+        self.vocab_size = c.vocab_size
         self.device = dev = model.embed_tokens.weight.device
         self.backend = backend or ("triton" if dev.type == "cuda" else "torch")
         on_triton = dev.type == "cuda" and self.backend == "triton"

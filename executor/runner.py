@@ -261,6 +261,12 @@ class ModelRunner:
         acceptance: AcceptanceModel | None = None,
     ) -> None:
         self.model = model
+        dv = None if drafter is None else drafter.vocab_size
+        if dv is not None and dv < model.config.vocab_size:
+            raise ValueError(
+                f"ModelRunner.drafter: vocab_size {dv} is below the target's "
+                f"{model.config.vocab_size} (the target's ids would index past the draft's rows)"
+            )
         self.drafter = drafter
         self.acceptance = acceptance
         self.device = kv_cache.device

@@ -21,17 +21,22 @@ TARGET = (0.7, 4, 1, 2.0)  # issue 21: alpha, k, batch, speedup at least
 DENSE_MAX_BATCH = 16  # the dense reference drafter loops over requests: slow beyond
 
 
-def _draft_maker(a: Namespace):  # noqa: ANN202
-    """``(label, make(batch, max_len), draft model or None)`` of ``--drafter``."""
+def _draft_maker(a: Namespace, target_vocab: int):  # noqa: ANN202
+    """``(label, make(batch, max_len), draft model or None)`` of ``--drafter``; a preset
+    draft shape gets the target's ``target_vocab`` embedding rows (``draft_model_of``)."""
     if a.drafter == "ngram":
         return "n-gram prompt lookup, padded to k", ngram_drafter, None
     if not a.drafter.startswith("draft:"):
         raise SystemExit(f"--drafter must be ngram or draft:NAME, got {a.drafter!r}")
-    from executor.paged_draft import PagedDraftModelDrafter
+    from executor.model.config import preset_names
+    from executor.paged_draft import PagedDraftModelDrafter, draft_model_of
     from executor.spec_bench import load_model
 
     name = a.drafter.split(":", 1)[1]
-    draft, _ = load_model(name, a.dtype, a.device, seed=11)
+    if name in preset_names():
+        draft = draft_model_of(name, a.dtype, a.device, seed=11, vocab_size=target_vocab)
+    else:
+        draft, _ = load_model(name, a.dtype, a.device, seed=11)
 
     def make(batch: int, max_len: int) -> PagedDraftModelDrafter:
         return PagedDraftModelDrafter(draft, max_seqs=batch, max_len=max_len)
@@ -46,7 +51,7 @@ def main_stated(a: Namespace, batches: list[int], ks: list[int]) -> int:
     alphas = [float(x) for x in a.acceptance.split(",")]
     work = HeldWorkload(a.prompt_len, a.out_base, a.out_span)
     target, _ = load_model(a.model, a.dtype, a.device)
-    label, make, draft = _draft_maker(a)
+    label, make, draft = _draft_maker(a, target.config.vocab_size)
     env = environment(a.device)
     stated = "stated acceptance α=" + ",".join(f"{x:g}" for x in alphas)
     title = (

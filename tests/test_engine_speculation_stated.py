@@ -327,3 +327,16 @@ def test_paged_draft_model_through_the_triton_kernels(model):
             assert dr.tolist() == dense_greedy(model, h.tolist(), len(dr))
         hs = [np.concatenate([h, dr[:2], [7]]) for h, dr in zip(hs, out)]
     assert d.num_two_token_steps == 2  # the prompts' last two; a request that accepted all
+
+
+def test_a_draft_model_with_fewer_embedding_rows_than_the_target_is_refused(model):
+    """A random-weight target emits ids in all its rows: a draft model reading fewer (the
+    0.5B shape's 151,936 against the 7B's 152,064) would index past its embedding."""
+    small = make_model(vocab_size=model.config.vocab_size - 8)
+    options = (("model", small), ("max_seqs", 4), ("max_len", 128), ("device", "cpu"))
+    with pytest.raises(ValueError, match="drafter: vocab_size"):
+        engine(model, speculation=_spec(2), drafter="paged_draft_model", drafter_options=options)
+    wide = make_model(vocab_size=model.config.vocab_size + 8)
+    options = (("model", wide),) + options[1:]
+    e = engine(model, speculation=_spec(2), drafter="paged_draft_model", drafter_options=options)
+    assert e.runner.drafter.vocab_size == model.config.vocab_size + 8
