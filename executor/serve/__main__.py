@@ -66,8 +66,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--records",
         default=None,
-        help="write the run's records (.npz) here at exit, and beside it (.json) the Unix time "
-        "of the records' clock zero",
+        help="write the run's records (.npz) here at exit, and beside it the Unix time of the "
+        "records' clock zero (.json) and the streamed first tokens' way out (.ttft.npz)",
     )
     p.add_argument(
         "--engine",
@@ -81,6 +81,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=0,
         help="draft tokens per request per step (n-gram prompt lookup, fixed k; 0: off)",
     )
+    p.add_argument(
+        "--torch-threads", type=int, default=None, help="the engine's CPU threads (default: torch)"
+    )
+    p.add_argument(
+        "--http",
+        default="auto",
+        choices=("auto", "h11", "httptools"),
+        help="uvicorn's HTTP parser (auto: httptools where installed)",
+    )
+    p.add_argument(
+        "--loop",
+        default="auto",
+        choices=("auto", "asyncio", "uvloop"),
+        help="uvicorn's event loop (auto: uvloop where installed)",
+    )
+    p.add_argument("--no-access-log", action="store_true", help="no log line per request")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     return p.parse_args(argv)
@@ -128,11 +144,19 @@ def main(argv: list[str] | None = None, policy: Policy | None = None) -> int:
         flush=True,
     )
     try:
-        uvicorn.run(server.app, host=args.host, port=args.port, log_level="info")
+        uvicorn.run(
+            server.app,
+            host=args.host,
+            port=args.port,
+            log_level="info",
+            http=args.http,
+            loop=args.loop,
+            access_log=not args.no_access_log,
+        )
     finally:
         live.close()
         if args.records:
-            _save_records(live, args.records)
+            _save_records(server, args.records)
     return 0 if live.error is None else 1
 
 
@@ -149,9 +173,11 @@ def _build(args: argparse.Namespace, policy: Policy | None):  # noqa: ANN202
         config = engine_config(args, max_positions(args.model))
         spec = EngineSpec(
             args.model, config, args.dtype, args.device, args.seed, args.tokenizer,
-            policy or args.policy,
+            policy or args.policy, args.torch_threads,
         )  # fmt: skip
         return start_process_server(spec, name, args.max_waiting)
+    if args.torch_threads:
+        torch.set_num_threads(args.torch_threads)
     model, tokenizer = load_model(args.model, args.dtype, args.device, args.seed, args.tokenizer)
     config = engine_config(args, model.config.max_position_embeddings)
     server = build_server(model, tokenizer, config, name, policy or args.policy, args.max_waiting)
@@ -159,14 +185,18 @@ def _build(args: argparse.Namespace, policy: Policy | None):  # noqa: ANN202
     return server
 
 
-def _save_records(live, path: str) -> None:
-    """The records (``path``) and their clock's zero as Unix time (``path`` with ``.json``):
-    what lines them up with a load generator's timestamps."""
+def _save_records(server, path: str) -> None:  # noqa: ANN001
+    """The records (``path``); their clock's zero as Unix time and as ``perf_counter`` (``path``
+    with ``.json``: what lines them up with a load generator's timestamps); the streamed
+    requests' first-token moments (``path`` with ``.ttft.npz``, ``executor.serve.ttft_trace``)."""
+    live = server.live
     live.records().save_npz(path)
     zero = time.time() - (time.perf_counter() - live.clock_start)
-    with open(os.path.splitext(path)[0] + ".json", "w") as f:
-        json.dump({"clock_zero_unix_s": zero}, f)
-    print(f"records: {path}")
+    stem = os.path.splitext(path)[0]
+    with open(stem + ".json", "w") as f:
+        json.dump({"clock_zero_unix_s": zero, "clock_zero_perf_s": live.clock_start}, f)
+    server.hub.trace.save_npz(stem + ".ttft.npz", live.clock_start)
+    print(f"records: {path}, {stem}.ttft.npz")
 
 
 if __name__ == "__main__":

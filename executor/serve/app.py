@@ -107,7 +107,9 @@ class Api:
     async def _generate(self, request: Request, chat: bool) -> Response:
         """Check the body, submit the request, answer streamed or whole. Its arrival (the
         records' and the metrics') is when its body has been read: tokenizing it and waiting
-        for the engine's next step boundary count in its TTFT."""
+        for the engine's next step boundary count in its TTFT. A streamed one is traced
+        (``ttft_trace``) from the endpoint's start."""
+        handler = time.perf_counter()
         body = parse_json(await request.body())
         arrival = time.perf_counter()
         req = parse_chat(body) if chat else parse_completion(body)
@@ -117,8 +119,8 @@ class Api:
         live = self.live
         params = generation_params(req, len(ids), live)
         rid = _submit(live, ids, params, arrival)
-        stream = self.hub.open(rid, len(ids), arrival)
         fmt = ResponseFormat(chat, self.model_name, req.include_usage)
+        stream = self.hub.open(rid, len(ids), arrival, handler if req.stream else None, fmt.id)
 
         def abort() -> None:
             live.abort(rid)

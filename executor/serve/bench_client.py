@@ -23,12 +23,13 @@ class Timing:
     token_times: list[float]
     num_tokens: int  # from the usage chunk
     finish_reason: str | None
+    response_id: str = ""  # its chunks' id (the server's trace names it)
 
 
 async def _one(client: httpx.AsyncClient, body: dict) -> Timing:
     sent = time.perf_counter()
     times: list[float] = []
-    tokens, finish = 0, None
+    tokens, finish, rid = 0, None, ""
     async with client.stream("POST", "/v1/completions", json=body) as r:
         r.raise_for_status()
         async for line in r.aiter_lines():
@@ -40,7 +41,8 @@ async def _one(client: httpx.AsyncClient, body: dict) -> Timing:
             for c in chunk.get("choices", ()):
                 times.append(time.perf_counter())
                 finish = c.get("finish_reason") or finish
-    return Timing(sent, times, tokens, finish)
+            rid = rid or chunk.get("id", "")
+    return Timing(sent, times, tokens, finish, rid)
 
 
 async def _one_or_retry(client: httpx.AsyncClient, body: dict, errors: list[str]) -> Timing:

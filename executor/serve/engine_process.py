@@ -16,7 +16,8 @@ import contextlib
 import itertools
 import multiprocessing as mp
 import threading
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, InvalidStateError
 from typing import Any
 
@@ -26,16 +27,19 @@ from executor.serve.events import Event, unpack_events
 from executor.serve.live_engine import EngineUnavailable, QueueFull, Stats
 from executor.serve.params import GenerationParams
 from executor.serve.request_text import ServerTexts
-from executor.serve.stream_backend import Publish
 from horizon.metrics.records import RunRecords
 from horizon.request import Request
 from horizon.scheduler import never_fits_reason
+
+# the reader thread's events and when their message was received (``time.perf_counter()``)
+ReaderPublish = Callable[[list[Event], float], None]
 
 
 class EngineProcess:
     """Args:
     spec: what the process builds (model, engine options, policy).
-    publish: receives each step's events on this handle's reader thread.
+    publish: receives each step's events on this handle's reader thread, with the moment
+        their message was received (``StreamHub.post``).
     max_waiting: ``submit`` raises QueueFull while this many requests wait.
     start_timeout_s: how long ``start`` waits for the model to load.
     """
@@ -43,7 +47,7 @@ class EngineProcess:
     def __init__(
         self,
         spec: EngineSpec,
-        publish: Publish,
+        publish: ReaderPublish,
         max_waiting: int = 1024,
         start_timeout_s: float = 1800.0,
     ) -> None:
@@ -226,9 +230,10 @@ class EngineProcess:
             batch = [message]
             while self._events.poll(0) and (message := self._recv()) is not None:
                 batch.append(message)
+            received = time.perf_counter()
             events = [e for m in batch if m[0] in ("step", "events") for e in m[1]]
             if events:
-                self._publish(self._with_text(unpack_events(events)))
+                self._publish(self._with_text(unpack_events(events)), received)
             for m in batch:
                 if self._take(m):
                     return

@@ -258,6 +258,9 @@ class LiveEngine:
         self.backend.check_integrity()
 
     def _publish_stats(self) -> None:
+        """After every step's update and boundary: the events since the last (a step's
+        tokens once the records have their time), then the engine's state."""
+        self.backend.flush()
         s = self.sched
         self.inbox.note_waiting(s.num_waiting)
         self.stats = Stats(

@@ -4,6 +4,7 @@ way a client that goes away aborts its request."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Callable
 
 from fastapi import Request
@@ -21,16 +22,22 @@ def streamed(
     stream: RequestStream, fmt: ResponseFormat, abort: Callable[[], None]
 ) -> StreamingResponse:
     """The request's chunks as they come, then the usage chunk (if asked for) and
-    ``[DONE]``. Closing the connection aborts the request (the generator is closed)."""
+    ``[DONE]``. Closing the connection aborts the request (the generator is closed). A traced
+    stream's first token is stamped written once the chunk carrying it has been sent (the
+    generator resumes after Starlette's ``await send``: uvicorn has handed it to the
+    transport)."""
 
     async def body() -> AsyncIterator[str]:
         n = 0
+        tracing = stream.first is not None
         try:
             if fmt.chat:
                 yield sse(fmt.chunk("", role=True))
             async for batch in stream.batches():
-                parts, n, failed = _chunks(batch, fmt, n)
+                parts, n, failed, text = _chunks(batch, fmt, n)
                 yield parts
+                if tracing and n:
+                    tracing = stream.wrote(time.perf_counter(), text)
                 if failed:
                     break
             if fmt.include_usage:
@@ -44,17 +51,19 @@ def streamed(
     return StreamingResponse(body(), media_type="text/event-stream", headers=headers)
 
 
-def _chunks(events: list[Event], fmt: ResponseFormat, n: int) -> tuple[str, int, bool]:
-    """The events' chunks (one per token, text or not) in one string, the tokens so far, and
-    whether the engine failed (an error chunk, last)."""
+def _chunks(events: list[Event], fmt: ResponseFormat, n: int) -> tuple[str, int, bool, bool]:
+    """The events' chunks (one per token, text or not) in one string, the tokens so far,
+    whether the engine failed (an error chunk, last), and whether any chunk has text."""
     parts = []
+    text = False
     for e in events:
         n = e.num_output_tokens
         if e.finish_reason == "error":
             parts.append(sse(fmt.error_chunk(e.error)))
-            return "".join(parts), n, True
+            return "".join(parts), n, True, text
+        text = text or bool(e.text)
         parts.append(fmt.chunk_sse(e.text, e.finish_reason))
-    return "".join(parts), n, False
+    return "".join(parts), n, False, text
 
 
 async def collected(

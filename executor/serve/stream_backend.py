@@ -29,8 +29,9 @@ class StreamBackend(EngineBackend):
     Contracts:
         * ``add`` a request's generation before the scheduler sees the request.
         * ``forget`` the scheduler's aborted requests (``take_aborted``) at a step boundary.
-        * ``flush`` hands the events collected since the last flush to ``publish`` (``execute``
-          flushes at its end).
+        * ``flush`` hands the events collected since the last flush to ``publish``; its owner
+          flushes after each step's update (``LiveEngine``'s ``after_update``), so that a
+          token reaches ``publish`` after the records have stamped it.
     """
 
     def __init__(
@@ -68,7 +69,6 @@ class StreamBackend(EngineBackend):
         for r in finished:
             self.runner.release(r)
             del gens[r.request_id]
-        self.flush()
         return StepResult(time.perf_counter() - t0, tuple(finished), accepted=accepted)
 
     def _verified(self, plan: StepPlan, verified, now: float, finished: list) -> tuple[int, ...]:  # noqa: ANN001
