@@ -18,6 +18,7 @@ from pathlib import Path
 from experiments.fidelity_compare import (
     check_same_requests,
     engine_pipelined,
+    in_band,
     simulate_engine_loop,
 )
 from experiments.fidelity_manifest import Case, Manifest
@@ -126,11 +127,14 @@ def slo_of(run: Run) -> SLO:
     return SLO(m.ttft_slo, m.itl_slo)
 
 
-def compare_run(run: Run, fits: dict, offset: float) -> dict:
+def compare_run(run: Run, fits: dict, offset: float, noise_seeds: tuple[int, ...] = ()) -> dict:
     """``run`` on the engine against the simulator with each of ``fits`` (cost models fitted
     without its workload) scaled by the lease's ``offset``: signed relative errors of mean
-    TTFT, ITL and E2E, the goodput gap (points, sim - engine), and the 1% cliff sensitivity
-    (the largest goodput move under a uniform -1% / +1% step bias, the physical model's)."""
+    TTFT, ITL and E2E, the goodput gap (points, sim - engine), the 1% cliff sensitivity
+    (the largest goodput move under a uniform -1% / +1% step bias, the physical model's) and,
+    with ``noise_seeds``, the physical fit's scatter band: its goodput (min, max) over the
+    seeds with its training steps' scatter resampled (``with_noise``), and whether the
+    engine's goodput lies in it (``fidelity_compare.in_band``)."""
     slo = slo_of(run)
     eng = summarize(run.records, slo=slo)
     row = {"case": run.case, "policy": run.policy, "workload": run.workload,
@@ -148,4 +152,12 @@ def compare_run(run: Run, fits: dict, offset: float) -> dict:
     ]
     row["cliff_pts"] = max(100 * abs(g - base) for g in moved)
     row["on_cliff"] = row["cliff_pts"] > CLIFF_PTS
+    if noise_seeds:
+        noisy = fits["physical"].scaled(offset)
+        band = [
+            summarize(simulate(run, noisy.with_noise(seed)), slo=slo)["goodput_lifetime"]
+            for seed in noise_seeds
+        ]
+        row["goodput_band_physical"] = (min(band), max(band))
+        row["in_band_physical"] = in_band(eng["goodput_lifetime"], (min(band), max(band)))
     return row

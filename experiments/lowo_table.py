@@ -47,6 +47,8 @@ def summaries(doc: dict) -> list[dict]:
             row["goodput_pts"] = max((abs(r[f"goodput_err_pts_{cm}"]) for r in off), default=0.0)
             row["on_cliff"] = len(runs) - len(off)
             row["ranking_same"], row["ranking_cases"] = _rankings(runs, cm)
+            if cm == "physical" and "in_band_physical" in runs[0]:
+                row["in_band_runs"] = sum(r["in_band_physical"] for r in runs)
         row["met"] = {
             k: (abs(row[k]) <= t[k]) if k in row else None
             for k in ("bias", "mape", "itl_mean", "e2e_mean", "goodput_pts")
@@ -70,6 +72,17 @@ def _met(row: dict) -> str:
     return ", ".join(bad) or ("none" if row["runs"] else "none (steps only)")
 
 
+def band_counts(doc: dict) -> dict[str, tuple[int, int]]:
+    """Per shape: (runs whose engine goodput lies in the physical fit's scatter band, runs
+    with a band); shapes without a band are left out."""
+    out: dict[str, tuple[int, int]] = {}
+    for r in doc["runs"]:
+        if "in_band_physical" in r:
+            k, n = out.get(r["model"], (0, 0))
+            out[r["model"]] = (k + bool(r["in_band_physical"]), n + 1)
+    return out
+
+
 def _summary_table(rows: list[dict]) -> list[str]:
     lines = [
         "| shape | held-out workload | cost model | step bias | (raw) | step MAPE | runs "
@@ -91,17 +104,23 @@ def _summary_table(rows: list[dict]) -> list[str]:
 def _run_table(runs: list[dict]) -> list[str]:
     lines = [
         "| shape | run | goodput measured | goodput err, engine / physical (pts) "
-        "| ITL err, engine / physical | E2E err, engine / physical | 1% cliff (pts) |",
-        "|---|---|---|---|---|---|---|",
+        "| ITL err, engine / physical | E2E err, engine / physical | 1% cliff (pts) "
+        "| physical band |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in runs:
         e, p = (r[f"goodput_err_pts_{c}"] for c in COST_MODELS)
         cliff = f"{r['cliff_pts']:.1f}" + (" **cliff**" if r["on_cliff"] else "")
+        band = "-"
+        if "goodput_band_physical" in r:
+            lo, hi = r["goodput_band_physical"]
+            band = f"{lo:.3f}-{hi:.3f}" + ("" if r["in_band_physical"] else " **out**")
         lines.append(
             f"| {r['model']} | {r['case']}/{r['policy']} | {r['goodput_measured']:.3f} "
             f"| {e:+.1f} / {p:+.1f} "
             f"| {r['itl_mean_err_engine']:+.2%} / {r['itl_mean_err_physical']:+.2%} "
-            f"| {r['e2e_mean_err_engine']:+.2%} / {r['e2e_mean_err_physical']:+.2%} | {cliff} |"
+            f"| {r['e2e_mean_err_engine']:+.2%} / {r['e2e_mean_err_physical']:+.2%} | {cliff} "
+            f"| {band} |"
         )
     return lines
 
@@ -129,6 +148,13 @@ def table(doc: dict) -> str:
         f"MAPE ≤ {t['mape']:.0%}, mean ITL and E2E within {t['itl_mean']:.0%}, goodput within "
         f"{t['goodput_pts']:g} points off a cliff, the ranking identical. `{doc['command']}`."
     )
-    parts = [head, "", *_summary_table(rows), "", "Every re-simulated run (sim − engine):", ""]
+    parts = [head, "", *_summary_table(rows), ""]
+    for model, (k, n) in band_counts(doc).items():
+        seeds = len(doc.get("noise_seeds", []))
+        parts.append(
+            f"* {model}: the engine's goodput inside the physical fit's scatter band ({seeds} "
+            f"seeds) in {k} of {n} runs (target {t['in_band']:.0%})"
+        )
+    parts += ["", "Every re-simulated run (sim − engine):", ""]
     parts += [*_run_table(doc["runs"]), "", "Leases:", "", *_lease_lines(doc["leases"])]
     return "\n".join(parts) + "\n"

@@ -9,6 +9,7 @@ from horizon.model_shape import ModelShape
 from horizon.registry import Registry
 from simulator.cost_model import CostModel, RooflineCostModel
 from simulator.cost_model_artifact import load_fitted, load_physical
+from simulator.engine_cost_model import read_steps
 from simulator.fitted_cost_model import FittedCostModel
 from simulator.gpu import GpuSpec
 
@@ -34,17 +35,28 @@ def _builtin() -> Registry[CostModel]:
     return reg
 
 
-def physical(shape: ModelShape, gpu: GpuSpec, path: str) -> CostModel:
+def physical(
+    shape: ModelShape,
+    gpu: GpuSpec,
+    path: str,
+    noise_seed: int | None = None,
+    noise_block_steps: int = 2000,
+) -> CostModel:
     """``physical``: ``simulator.physical_cost_model.PhysicalCostModel`` fitted to an engine's
     online steps (the file ``engine_fitted`` reads), measured on ``gpu`` for ``shape``
     (checked); fitted once per file and shape (``cost_model_artifact.load_physical``). Also
-    reachable as ``simulator.cost_models.physical`` (an import path, hydra's ``_target_``)."""
+    reachable as ``simulator.cost_models.physical`` (an import path, hydra's ``_target_``).
+    ``noise_seed``: as ``engine_fitted``'s, the file's steps' scatter resampled; None:
+    deterministic."""
     model = load_physical(shipped(path), shape.name)
     for key, want in (("model", shape.name), ("gpu", gpu.name)):
         got = str(model.meta.get(key, ""))
         if got and want not in got:
             raise ValueError(f"{path} was measured with {key} {got}, not {want}")
-    return model
+    if noise_seed is None:
+        return model
+    rows = read_steps(shipped(path))[0]
+    return model.with_residuals(rows).with_noise(noise_seed, noise_block_steps)
 
 
 def _engine_fitted(

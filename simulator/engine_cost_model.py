@@ -374,7 +374,9 @@ class EngineCostModel:
 
 
 class NoisyStepCost:
-    """``EngineCostModel`` times a multiplicative noise resampled from its calibration steps.
+    """A fitted cost model (``EngineCostModel``, ``PhysicalCostModel``: anything with
+    ``step_time``, ``max_num_seqs``, ``provenance`` and ``residuals``, the decode-only and mixed
+    steps' measured/modelled ratios) times a multiplicative noise resampled from those ratios.
 
     The calibration steps' measured/modelled ratios, in the order they were measured, are
     resampled in blocks (a moving-block bootstrap): a block of ``block_steps`` consecutive
@@ -388,7 +390,7 @@ class NoisyStepCost:
     engine; the deterministic model gives its centre.
     """
 
-    def __init__(self, model: EngineCostModel, seed: int, block_steps: int = 2000) -> None:
+    def __init__(self, model, seed: int, block_steps: int = 2000) -> None:  # noqa: ANN001
         if not (isinstance(block_steps, int) and block_steps >= 1):
             raise ValueError(f"block_steps must be an int >= 1, got {block_steps!r}")
         self.model = model

@@ -50,7 +50,7 @@ import numpy as np
 from horizon.model_shape import ModelShape, model_shape
 from horizon.plan import StepPlan
 from horizon.step_buckets import bucket_of
-from simulator.engine_cost_model import STEP_COLUMNS, Buckets, read_steps
+from simulator.engine_cost_model import STEP_COLUMNS, Buckets, NoisyStepCost, read_steps
 
 DEFAULT_BUCKETS = Buckets()
 MEMORY = ("decode_graph", "mixed_graph", "padded_tokens", "kv_gb", "attention_pairs")
@@ -167,6 +167,9 @@ class PhysicalCostModel:
     meta: dict = field(default_factory=dict, compare=False)
     # where it came from (``simulator.cost_model_artifact``): files and their SHA-256
     provenance: dict | None = field(default=None, compare=False)
+    # measured / modelled time of every fitted online step, per regime (decode-only, mixed),
+    # in the order measured: the empirical step-time noise ``with_noise`` resamples
+    residuals: tuple[np.ndarray, np.ndarray] | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if len(self.coef) != len(TERMS):
@@ -200,7 +203,25 @@ class PhysicalCostModel:
         base = np.ones(len(both))
         base[len(rows) :] = GRID_WEIGHT * len(rows) / max(len(grid), 1)
         coef = _fit_max((memory, compute, host), both[:, -1], base)
-        return cls(tuple(float(c) for c in coef), kvb, buckets, tf, dict(meta or {}))
+        fitted = cls(tuple(float(c) for c in coef), kvb, buckets, tf, dict(meta or {}))
+        return fitted.with_residuals(rows)
+
+    def with_residuals(self, rows: np.ndarray) -> PhysicalCostModel:
+        """This model keeping the measured/modelled ratio of every step of ``rows`` (online
+        steps, in the order measured; the grid's offline steps are not noise), split into
+        decode-only and mixed steps: what ``with_noise`` resamples."""
+        rows = rows[(rows[:, 0] + rows[:, 1]) > 0]
+        ratio = rows[:, -1] / self.predict_rows(rows)
+        mixed = rows[:, 0] > 0
+        return replace(self, residuals=(ratio[~mixed], ratio[mixed]))
+
+    def with_noise(self, seed: int, block_steps: int = 2000) -> NoisyStepCost:
+        """This model times a seeded block resampling of its fitted steps' measured/modelled
+        ratios (``simulator.engine_cost_model.NoisyStepCost``). Raises ValueError for a model
+        without residuals, or with fewer than one step of a regime."""
+        if self.residuals is None or min(len(r) for r in self.residuals) == 0:
+            raise ValueError("with_noise needs residuals of both regimes (fit, with_residuals)")
+        return NoisyStepCost(self, seed, block_steps)
 
     @classmethod
     def from_file(cls, path: str | Path, model: str) -> PhysicalCostModel:
@@ -219,7 +240,8 @@ class PhysicalCostModel:
         return self.buckets.max_num_seqs
 
     def scaled(self, factor: float) -> PhysicalCostModel:
-        """This model with every step ``factor`` times as long (a uniform bias)."""
+        """This model with every step ``factor`` times as long (a uniform bias); the residuals
+        are kept (relative: the scaled model times the same scatter)."""
         if not (math.isfinite(factor) and factor > 0):
             raise ValueError(f"scale factor must be finite and > 0, got {factor!r}")
         return replace(self, coef=tuple(c * factor for c in self.coef))

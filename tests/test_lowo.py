@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+from types import SimpleNamespace
 
 import pytest
 
@@ -135,3 +137,84 @@ def test_the_gpu_manifest_plan_probe_at_zero_loads_interleaved_anchor_a_committe
         assert names[3:] == [f"{w}_r{loads[w][1]:g}" for w in WORKLOADS]
         assert all(lo < hi for lo, hi in loads.values())
         assert ANCHOR[model] in {c[0] for c in PRESETS[model].cases}  # a committed case
+
+
+def _one_run(tmp_path, records_of):  # noqa: ANN001
+    """A ``Run`` of 150 requests at 30 req/s whose engine records are ``records_of(requests,
+    manifest)``, and the manifest's pieces."""
+    from experiments.fidelity import POLICIES
+    from experiments.fidelity_manifest import Case, Manifest
+    from horizon.workload.requests_file import save_requests
+
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    save_requests(_requests(3, n=150), tmp_path / "w_r30.json")
+    case = Case("w_r30", "fidelity", "w", 30.0, 0, "w_r30.json", ("fcfs",), 20.0)
+    m = Manifest("qwen2.5-7b", {"num_blocks": 800}, 1.0, 0.05, dict(POLICIES), (case,))
+    m.save(tmp_path / "manifest.json")
+    run_dir = tmp_path / "eng" / "w_r30" / "fcfs"
+    run_dir.mkdir(parents=True)
+    meta = {"model": "qwen2.5-7b", "engine": {"async_steps": None, "stop": "trace"}}
+    (run_dir / "meta.json").write_text(json.dumps(meta))
+    records = records_of(_requests(3, n=150), m, POLICIES["fcfs"])
+    return Run(Source(str(tmp_path / "eng"), str(tmp_path / "manifest.json")), "w_r30", "fcfs",
+               records)  # fmt: skip
+
+
+def _scatter_model():
+    """``MODEL`` with a wide made-up scatter: ratios 0.7-1.3, mixed 0.8-1.2."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    return dataclasses.replace(
+        MODEL, residuals=(rng.uniform(0.7, 1.3, 5000), rng.uniform(0.8, 1.2, 800))
+    )
+
+
+def test_the_band_holds_an_engine_run_that_is_one_of_its_seeds_and_not_a_far_slower_one(tmp_path):
+    from experiments.fidelity_compare import simulate_engine_loop
+    from experiments.lowo_runs import compare_run
+
+    model = _scatter_model()
+
+    def noisy(requests, m, policy):  # noqa: ANN001, ANN202 - an engine that is seed 3's noise
+        return simulate_engine_loop(requests, m, policy, model.with_noise(3), 20.0, True)
+
+    fits = {"engine": model, "physical": model}
+    row = compare_run(_one_run(tmp_path / "a", noisy), fits, 1.0, (0, 1, 2, 3))
+    lo, hi = row["goodput_band_physical"]
+    assert lo <= row["goodput_measured"] <= hi and row["in_band_physical"]
+
+    def slow(requests, m, policy):  # noqa: ANN001, ANN202 - every step 4x as long: ITL > 50 ms
+        return simulate_engine_loop(requests, m, policy, model.scaled(4.0), 20.0, True)
+
+    row = compare_run(_one_run(tmp_path / "b", slow), fits, 1.0, (0, 1))
+    assert row["goodput_measured"] < row["goodput_band_physical"][0] - 0.1
+    assert not row["in_band_physical"]
+    assert "in_band_physical" not in compare_run(_one_run(tmp_path / "c", slow), fits, 1.0)
+
+
+def test_the_physical_fit_keeps_its_online_steps_scatter_and_resamples_it_by_seed():
+    import numpy as np
+
+    from tests.test_physical_cost_model import _steps
+
+    rows = _steps(np.random.default_rng(0), 400)
+    rows[:, -1] *= np.random.default_rng(1).uniform(0.9, 1.1, len(rows))  # measured scatter
+    fit = PhysicalCostModel.fit(rows, model="qwen2.5-7b")
+    dec, mix = fit.residuals
+    kept = rows[(rows[:, 0] + rows[:, 1]) > 0]
+    assert len(mix) == int((kept[:, 0] > 0).sum()) and len(dec) + len(mix) == len(kept)
+    ratio = kept[:, -1] / fit.predict_rows(kept)
+    assert np.array_equal(np.sort(np.concatenate([dec, mix])), np.sort(ratio))
+    assert ratio.std() > 0.03  # the scatter is kept, not fitted away
+    assert fit.scaled(1.1).residuals is fit.residuals
+    plan = SimpleNamespace(decodes=(1, 2), prefills=(), num_prefill_tokens=0, is_empty=False,
+                           prefill_attention_pairs=0, decode_context_tokens=300,
+                           prefill_context_tokens=0, num_refreshed=0, preempted=())  # fmt: skip
+    a, b, c = (fit.with_noise(s, 4) for s in (1, 1, 2))
+    ta = [a.step_time(plan) for _ in range(30)]
+    assert ta == [b.step_time(plan) for _ in range(30)]
+    assert ta != [c.step_time(plan) for _ in range(30)]
+    assert set(np.round(np.array(ta) / fit.step_time(plan), 12)) <= set(np.round(dec, 12))
+    with pytest.raises(ValueError, match="with_noise needs residuals"):
+        MODEL.with_noise(0)
