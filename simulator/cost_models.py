@@ -26,6 +26,14 @@ def shipped(path: str) -> str:
     return str(HORIZON_ROOT / p)
 
 
+def _check_measured(meta: dict, path: str, shape: ModelShape, gpu: GpuSpec) -> None:
+    """Raises ValueError where the file's ``meta`` names another model shape or GPU."""
+    for key, want in (("model", shape.name), ("gpu", gpu.name)):
+        got = str(meta.get(key, ""))
+        if got and want not in got:
+            raise ValueError(f"{path} was measured with {key} {got}, not {want}")
+
+
 def _builtin() -> Registry[CostModel]:
     reg: Registry[CostModel] = Registry("cost model")
     reg.register("roofline", RooflineCostModel)
@@ -49,10 +57,7 @@ def physical(
     ``noise_seed``: as ``engine_fitted``'s, the file's steps' scatter resampled; None:
     deterministic."""
     model = load_physical(shipped(path), shape.name)
-    for key, want in (("model", shape.name), ("gpu", gpu.name)):
-        got = str(model.meta.get(key, ""))
-        if got and want not in got:
-            raise ValueError(f"{path} was measured with {key} {got}, not {want}")
+    _check_measured(model.meta, path, shape, gpu)
     if noise_seed is None:
         return model
     rows = read_steps(shipped(path))[0]
@@ -72,10 +77,7 @@ def _engine_fitted(
     with a seeded block resampling of the measured scatter (``NoisyStepCost``, blocks of
     ``noise_block_steps`` decode steps); None: deterministic."""
     model = load_fitted(shipped(path), residuals=noise_seed is not None)
-    for key, want in (("model", shape.name), ("gpu", gpu.name)):
-        got = str(model.meta.get(key, ""))
-        if got and want not in got:
-            raise ValueError(f"{path} was measured with {key} {got}, not {want}")
+    _check_measured(model.meta, path, shape, gpu)
     return model if noise_seed is None else model.with_noise(noise_seed, noise_block_steps)
 
 
