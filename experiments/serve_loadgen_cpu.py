@@ -1,7 +1,8 @@
 """The TTFT gap between a client and the server's records, split, on this machine: the tiny
 random-weight model served by ``python -m executor.serve`` (the engine in its own process, as
 on the GPU), driven by ``executor.serve.bench_client`` (closed-loop streams, one connection
-each, in a process of its own) at a few concurrency levels (not a test; figures are noisy).
+each, in a process of its own) at a few concurrency levels, or by Poisson arrivals at a few
+rates (``--rates``; not a test; figures are noisy).
 
     python -m experiments.serve_loadgen_cpu --concurrency 1,16,64 --requests 400
     python -m experiments.serve_loadgen_cpu --trees .,/tmp/old --repeat 3   # A/B, alternating
@@ -11,7 +12,8 @@ records' (receipt to the engine's first token), the way out the server stamps
 (``executor.serve.ttft_trace``: pipe, text, loop, write) and the way in, what is left:
 client = records + way out + way in. A tree without the trace (older code) gives the first
 two only. ``--trees``: the server runs from each (a ``git worktree`` of older code), in turn,
-``--repeat`` times; the client and this driver always from this one.
+``--repeat`` times (``TREE@OPTIONS``: with more options, e.g. ``.@--loop uvloop``); the client
+and this driver always from this one.
 """
 
 from __future__ import annotations
@@ -36,10 +38,21 @@ PARTS = ("out_pipe", "out_text", "out_loop", "out_write")
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m experiments.serve_loadgen_cpu")
     p.add_argument("--concurrency", default="1,16,64", help="comma-separated stream counts")
+    p.add_argument(
+        "--rates",
+        default="",
+        help="comma-separated Poisson rates (req/s; open loop, at most the largest "
+        "concurrency at once) instead of closed-loop levels",
+    )
     p.add_argument("--requests", type=int, default=400, help="requests per level")
     p.add_argument("--prompt-len", type=int, default=64, help="prompt characters (bytes)")
     p.add_argument("--output-len", type=int, default=32, help="forced output tokens")
-    p.add_argument("--trees", default=".", help="comma-separated source trees of the server")
+    p.add_argument(
+        "--trees",
+        default=".",
+        help="comma-separated source trees of the server, each TREE or TREE@OPTIONS (more "
+        "options of executor.serve for that one)",
+    )
     p.add_argument("--repeat", type=int, default=1, help="rounds over the trees")
     p.add_argument("--port", type=int, default=8123)
     p.add_argument("--server-args", default="", help="more options of executor.serve")
@@ -84,19 +97,21 @@ def bodies(args: argparse.Namespace, n: int, seed: int) -> list[dict]:
     ]
 
 
-def run_level(args: argparse.Namespace, tree: str, c: int, seed: int) -> dict:
+def run_level(args: argparse.Namespace, tree: str, c: int, rate: float, seed: int) -> dict:
     """One server from ``tree`` (its engine warmed up) serving ``args.requests`` requests
-    through ``c`` streams; ``summary`` of what the client and the server saw."""
+    through ``c`` streams (``rate`` > 0: Poisson arrivals of that rate, at most ``c`` at once);
+    ``summary`` of what the client and the server saw."""
     with tempfile.TemporaryDirectory() as tmp:
         records = Path(tmp) / "records.npz"
+        tree, _, extra = tree.partition("@")
         env = {**os.environ, "PYTHONPATH": os.path.abspath(tree)}
-        cmd = server_cmd(args, records, c)
-        server = subprocess.Popen(
-            cmd, cwd=tree, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
-        )
+        cmd = server_cmd(args, records, c) + extra.split()
+        log = open(Path(tmp) / "server.log", "w+")  # noqa: SIM115 (read back below)
+        server = subprocess.Popen(cmd, cwd=tree, env=env, stdout=log, stderr=subprocess.STDOUT)
         try:
             _wait_up(args.port, server)
             job = {"url": f"http://127.0.0.1:{args.port}", "concurrency": c}
+            job.update(rate=rate, seed=seed)
             job["bodies"] = bodies(args, args.requests, seed)
             cpu = _cpu_s(server.pid)
             client = subprocess.run(
@@ -106,7 +121,10 @@ def run_level(args: argparse.Namespace, tree: str, c: int, seed: int) -> dict:
             cpu = _cpu_s(server.pid) - cpu
         finally:
             server.send_signal(signal.SIGINT)
-            _, err = server.communicate(timeout=120)
+            server.wait(timeout=120)
+            log.seek(0)
+            err = log.read()
+            log.close()
         if server.returncode:
             raise RuntimeError(f"the server failed ({server.returncode}):\n{err[-2000:]}")
         out = summary(json.loads(client.stdout), records)
@@ -163,7 +181,7 @@ def summary(client: dict, records: Path) -> dict:
 
 def table(rows: list[dict]) -> str:
     head = (
-        f"{'tree':>14} {'streams':>7} {'client':>7} {'records':>7} {'gap':>6} {'out':>6} "
+        f"{'tree':>14} {'level':>7} {'client':>7} {'records':>7} {'gap':>6} {'out':>6} "
         f"{'pipe':>6} {'text':>6} {'loop':>6} {'write':>6} {'in':>6} {'send':>6} {'body':>6} "
         f"{'read':>6} {'cpu/tok':>7}   (TTFT means, ms; server CPU us per token)"
     )
@@ -176,41 +194,48 @@ def table(rows: list[dict]) -> str:
             for k in ("ttft_out", *PARTS, "way_in", "in_send", "in_body", "out_read")
         )
         lines.append(
-            f"{Path(r['tree']).name or r['tree']:>14} {r['concurrency']:>7} "
+            f"{_name(r['tree']):>14} {r['concurrency']:>7} "
             f"{s['client_ttft']:>7.2f} {s['server_ttft']:>7.2f} {gap:>6.2f} {split} "
             f"{s['server_cpu_us_per_token']:>7.1f}"
         )
     return "\n".join(lines)
 
 
-def medians(rows: list[dict]) -> str:
-    """Per tree and level, the medians over rounds of the client's TTFT and of the gap."""
+def medians(rows: list[dict]) -> list[dict]:
+    """Per tree and level, every figure's median over the rounds (rows as ``table`` takes)."""
     keys = sorted({(r["tree"], r["concurrency"]) for r in rows}, key=lambda k: (k[1], k[0]))
-    lines = [f"{'tree':>14} {'streams':>7} {'client p50-of-means':>20} {'gap':>6} {'n':>3}"]
+    out = []
     for tree, c in keys:
         sel = [r["summary"] for r in rows if (r["tree"], r["concurrency"]) == (tree, c)]
-        client = statistics.median(s["client_ttft"] for s in sel)
-        gap = statistics.median(s["client_ttft"] - s["server_ttft"] for s in sel)
-        lines.append(
-            f"{Path(tree).name or tree:>14} {c:>7} {client:>20.2f} {gap:>6.2f} {len(sel):>3}"
-        )
-    return "\n".join(lines)
+        names = [k for k in sel[0] if all(k in s for s in sel)]
+        med = {k: statistics.median(s[k] for s in sel) for k in names}
+        out.append({"tree": tree, "concurrency": c, "rounds": len(sel), "summary": med})
+    return out
+
+
+def _name(tree: str) -> str:
+    path, _, extra = tree.partition("@")
+    return ((Path(path).name or path) + " " + extra.replace("--", "")).strip()[-14:]
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     levels = [int(c) for c in args.concurrency.split(",") if c]
+    rates = [float(r) for r in args.rates.split(",") if r]
+    runs = [(max(levels), r) for r in rates] or [(c, 0.0) for c in levels]
     trees = [t for t in args.trees.split(",") if t]
     rows = []
     for k in range(args.repeat):
-        for c in levels:
+        for c, rate in runs:
             for tree in trees if k % 2 == 0 else trees[::-1]:
-                s = run_level(args, tree, c, seed=k)
-                rows.append({"tree": tree, "concurrency": c, "round": k, "summary": s})
+                s = run_level(args, tree, c, rate, seed=k)
+                level = rate or c
+                rows.append({"tree": tree, "concurrency": level, "round": k, "summary": s})
                 print(table(rows[-1:]).splitlines()[-1], flush=True)
     print(table(rows))
     if args.repeat > 1:
-        print(medians(rows))
+        print(f"medians of {args.repeat} rounds:")
+        print(table(medians(rows)))
     print("load average:", " ".join(f"{x:.2f}" for x in os.getloadavg()))
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(rows, indent=1) + "\n")

@@ -18,6 +18,7 @@ import pytest
 from serve_fixtures import MODEL, over_http, served, tiny_config_for_serving
 
 from executor.serve.engine_child import EngineSpec
+from executor.serve.events import Event, first_tokens_first
 from executor.serve.server import start_process_server
 from executor.serve.ttft_trace import SPLIT, STAMPS, client_split, load_npz, split
 from horizon.metrics.latency import first_token_time, ttft
@@ -114,3 +115,15 @@ def test_a_trace_of_requests_the_records_lack_is_refused(tmp_path):
     trace["request_id"] = trace["request_id"] + 1000
     with pytest.raises(ValueError, match="request_id"):
         split(trace, server.live.records())
+
+
+def test_first_tokens_go_first_and_each_request_keeps_its_order():
+    def ev(rid: int, n: int, finish: str | None = None, tokens: tuple = (1,)) -> Event:
+        return Event(rid, "", tokens, n, finish, 0.0)
+
+    events = [ev(0, 5), ev(1, 1), ev(0, 6), ev(2, 1), ev(1, 2), ev(3, 0, "abort", ())]
+    first, rest = first_tokens_first(events)
+    assert first == [events[1], events[3]]
+    assert rest == [events[0], events[2], events[4], events[5]]
+    assert first_tokens_first(events[:1]) == ([], events[:1])
+    assert first_tokens_first([events[1]]) == ([events[1]], [])

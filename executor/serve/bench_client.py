@@ -1,12 +1,14 @@
-"""The benchmark's HTTP client (imports only httpx): ``concurrency`` closed-loop workers
-stream completions of token-id prompts and time every token. ``executor.serve.bench`` runs it
-as its own process (``python -m executor.serve.bench_client``: a JSON job on stdin, the
-result on stdout), so that its CPU time does not share the server's interpreter."""
+"""The benchmark's HTTP client (imports only httpx): ``concurrency`` closed-loop workers (or
+an open loop of Poisson arrivals) stream completions and time every token.
+``executor.serve.bench`` runs it as its own process (``python -m executor.serve.bench_client``:
+a JSON job on stdin, the result on stdout), so that its CPU time does not share the server's
+interpreter."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import random
 import ssl
 import sys
 import time
@@ -87,11 +89,51 @@ async def _run(
     return start, time.perf_counter(), out, errors
 
 
-def run_load(url: str, bodies: list[dict], concurrency: int) -> dict:
-    """Serve ``bodies`` through ``concurrency`` streams; start and end (``perf_counter``: one
-    clock for the machine's processes), each request's timings (plain dicts) and the
-    transport errors retried."""
-    start, end, timings, errors = asyncio.run(_run(url, bodies, concurrency))
+async def _run_poisson(
+    url: str, bodies: list[dict], concurrency: int, rate: float, seed: int
+) -> tuple[float, float, list[Timing], list[str]]:
+    """Open loop: ``bodies`` sent at Poisson times of ``rate`` per second (seeded), each on
+    the first idle of ``concurrency`` one-connection clients (none idle: it waits for one)."""
+    rng = random.Random(seed)
+    clients = one_connection_clients(url, concurrency)
+    idle: asyncio.Queue[httpx.AsyncClient] = asyncio.Queue()
+    for c in clients:
+        idle.put_nowait(c)
+    out: list[Timing] = []
+    errors: list[str] = []
+
+    async def one(body: dict) -> None:
+        client = await idle.get()
+        try:
+            out.append(await _one_or_retry(client, body, errors))
+        finally:
+            idle.put_nowait(client)
+
+    start = due = time.perf_counter()
+    tasks = []
+    for b in bodies:
+        due += rng.expovariate(rate)
+        await asyncio.sleep(max(0.0, due - time.perf_counter()))
+        tasks.append(asyncio.create_task(one(b)))
+    await asyncio.gather(*tasks)
+    end = time.perf_counter()
+    for c in clients:
+        await c.aclose()
+    return start, end, out, errors
+
+
+def run_load(
+    url: str, bodies: list[dict], concurrency: int, rate: float = 0.0, seed: int = 0
+) -> dict:
+    """Serve ``bodies`` through ``concurrency`` streams (closed loop; ``rate`` > 0: sent at
+    Poisson times of that many per second, at most ``concurrency`` at once); start and end
+    (``perf_counter``: one clock for the machine's processes), each request's timings (plain
+    dicts) and the transport errors retried."""
+    if rate > 0:
+        run = _run_poisson(url, bodies, concurrency, rate, seed)
+    else:
+        run = _run(url, bodies, concurrency)
+    start, end, timings, errors = asyncio.run(run)
     return {
         "start": start,
         "end": end,
@@ -101,9 +143,13 @@ def run_load(url: str, bodies: list[dict], concurrency: int) -> dict:
 
 
 def main() -> None:
-    """stdin: ``{"url", "bodies", "concurrency"}``; stdout: ``run_load``'s result."""
+    """stdin: ``{"url", "bodies", "concurrency"}`` (and ``rate``, ``seed``: open loop);
+    stdout: ``run_load``'s result."""
     job = json.load(sys.stdin)
-    json.dump(run_load(job["url"], job["bodies"], job["concurrency"]), sys.stdout)
+    result = run_load(
+        job["url"], job["bodies"], job["concurrency"], job.get("rate", 0.0), job.get("seed", 0)
+    )
+    json.dump(result, sys.stdout)
 
 
 if __name__ == "__main__":

@@ -2,8 +2,10 @@
 
 ``EngineProcess`` is an ``EngineHandle``: ``submit`` and ``abort`` are one pipe message each
 (request ids are assigned here, so no reply is awaited); a reader thread hands the steps'
-events to ``publish`` (all that have come since its last wake-up, in one call: a reader that
-waits for the interpreter lock never falls behind) and keeps the engine's latest ``Stats``.
+events to ``publish`` (all that have come since its last wake-up, in two calls, the new
+requests' first tokens before the rest: a reader that waits for the interpreter lock never
+falls behind, and a first token does not wait for the running streams' text) and keeps the
+engine's latest ``Stats``.
 Admission control is counted here: what the engine last reported waiting, plus what was sent
 since that report. With ``EngineSpec.text_in_server`` (the default) the text is made here, on
 the reader thread, from the events' tokens (``ServerTexts``), and a stop string found here is
@@ -23,7 +25,7 @@ from typing import Any
 
 from executor.engine import EngineConfig
 from executor.serve.engine_child import EngineInfo, EngineSpec, engine_main
-from executor.serve.events import Event, unpack_events
+from executor.serve.events import Event, first_tokens_first, unpack_events
 from executor.serve.live_engine import EngineUnavailable, QueueFull, Stats
 from executor.serve.params import GenerationParams
 from executor.serve.request_text import ServerTexts
@@ -225,15 +227,17 @@ class EngineProcess:
 
     def _read(self) -> None:
         """The reader thread: until "closed" (or the process is gone). It takes every message
-        the pipe holds at each wake-up and publishes their events in one call."""
+        the pipe holds at each wake-up and publishes their events in two calls, the requests'
+        first tokens (their text made) before the rest (``first_tokens_first``)."""
         while (message := self._recv()) is not None:
             batch = [message]
             while self._events.poll(0) and (message := self._recv()) is not None:
                 batch.append(message)
             received = time.perf_counter()
             events = [e for m in batch if m[0] in ("step", "events") for e in m[1]]
-            if events:
-                self._publish(self._with_text(unpack_events(events)), received)
+            for part in first_tokens_first(unpack_events(events)):
+                if part:
+                    self._publish(self._with_text(part), received)
             for m in batch:
                 if self._take(m):
                     return

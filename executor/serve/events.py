@@ -41,3 +41,16 @@ def pack_events(events: list[Event]) -> list[tuple]:
 def unpack_events(rows: list[tuple]) -> list[Event]:
     """``pack_events``'s inverse."""
     return [Event(*row) for row in rows]
+
+
+def first_tokens_first(events: list[Event]) -> tuple[list[Event], list[Event]]:
+    """``events`` in two lists, each in its order: the requests' first tokens, then the rest.
+    Handed on in that order (made into text and posted to the loop first), a new request's
+    first token does not wait behind the running streams' tokens of the same step; each
+    request's own events keep their order (its first token is its first event with one)."""
+    first = [e for e in events if e.num_output_tokens == 1 and e.token_ids]
+    if not first:
+        return first, events
+    if len(first) == len(events):
+        return first, []
+    return first, [e for e in events if not (e.num_output_tokens == 1 and e.token_ids)]

@@ -45,7 +45,8 @@ class DetokenizerLike(Protocol):
 class EngineHandle(Protocol):
     """The engine as the HTTP API drives it. ``start`` then ``warmup`` before the first
     ``submit``; ``close`` once; ``records`` after it. Events go to the ``publish`` callable it
-    was built with, one call per step, on a thread that is not the event loop's.
+    was built with, one or two calls per step (first tokens first), on a thread that is not the
+    event loop's.
 
     ``submit`` raises ``QueueFull`` while ``num_waiting >= max_waiting`` and
     ``EngineUnavailable`` when the engine is not running (``executor.serve.live_engine``).

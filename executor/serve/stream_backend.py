@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable
 
 from executor.engine_backend import EngineBackend
 from executor.runner import ModelRunner
-from executor.serve.events import Event
+from executor.serve.events import Event, first_tokens_first
 from executor.serve.generation import Generation
 from horizon.plan import StepPlan, StepResult
 from horizon.request import Request
@@ -102,9 +102,13 @@ class StreamBackend(EngineBackend):
         self.flush()
 
     def flush(self) -> None:
+        """The events so far to ``publish``: the requests' first tokens in one call, then
+        the rest (``first_tokens_first``)."""
         if self._events:
             events, self._events = self._events, []
-            self._publish(events)
+            for part in first_tokens_first(events):
+                if part:
+                    self._publish(part)
 
     def check_integrity(self) -> None:
         """The runner's own checks, and one generation for each request the scheduler holds."""

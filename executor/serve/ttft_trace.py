@@ -136,15 +136,19 @@ def client_split(
     start to the endpoint's (the client's sending, the kernel, the server's HTTP parsing and
     routing), and ``out_read``, from the first token's chunk written (``first_is_text``: the
     first chunk with text, as GuideLLM counts) to the client's reading it; NaN for a request
-    the trace lacks."""
+    the trace lacks; and ``request_id``, the engine's id of each (-1: not in the trace)."""
+    n = len(response_id)
+    if not len(trace["response_id"]):
+        nan = np.full(n, np.nan)
+        return {"in_send": nan, "out_read": nan.copy(), "request_id": np.full(n, -1)}
     order = np.argsort(trace["response_id"])
     ids = trace["response_id"][order]
-    at = np.minimum(np.searchsorted(ids, response_id), max(len(ids) - 1, 0))
-    found = (ids[at] == response_id) if len(ids) else np.zeros(len(response_id), bool)
-    row = order[at]
+    row = order[np.minimum(np.searchsorted(ids, response_id), len(ids) - 1)]
+    found = trace["response_id"][row] == response_id
 
     def moment(name: str) -> np.ndarray:
-        return np.where(found, trace[name][row] if len(ids) else np.nan, np.nan)
+        return np.where(found, trace[name][row], np.nan)
 
     written = moment("text_written" if first_is_text else "written")
-    return {"in_send": moment("handler") - start, "out_read": first - written}
+    rid = np.where(found, trace["request_id"][row], -1)
+    return {"in_send": moment("handler") - start, "out_read": first - written, "request_id": rid}
