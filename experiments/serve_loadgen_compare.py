@@ -3,7 +3,8 @@
 ``tabulate(DIR)`` reads what ``docs/notes/run_serve.sh a`` brings back (``guidellm_rate*.json``,
 the server's ``records.npz`` and ``records.json``) and keeps, compactly, what the comparison
 needs: ``results/serve_loadgen/requests.npz`` (each served request's arrival, lengths, cached
-tokens, TTFT, mean and largest ITL, E2E) and ``guidellm.json`` (each benchmark's window and its
+tokens, TTFT, mean and largest ITL, E2E; where the server left ``records.ttft.npz``, its TTFT's
+split, ``experiments.serve_loadgen_split``) and ``guidellm.json`` (each benchmark's window and its
 requests' TTFT, ITL and latency). ``compare()`` reads only those and writes
 ``results/serve_loadgen/{loadgen.json,table.md}``. Requests are split into the load generator's
 benchmarks by their arrival on the server's clock (its zero as Unix time lines the two up).
@@ -27,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
+from experiments import serve_loadgen_split as ttft_split
 from horizon.metrics.latency import e2e, max_itl, tpot, ttft
 from horizon.metrics.records import RunRecords
 from horizon.request import SLO, Request
@@ -178,7 +180,8 @@ def tabulate(
     paths = sorted(run_dir.glob("guidellm_rate*.json"), key=lambda p: float(p.stem[13:]))
     docs = [json.loads(p.read_text()) for p in paths]
     out.mkdir(parents=True, exist_ok=True)
-    np.savez_compressed(out / "requests.npz", **per_request(rec),
+    split = ttft_split.columns(run_dir, rec, docs, zero)
+    np.savez_compressed(out / "requests.npz", **per_request(rec), **split,
                         num_kv_blocks=rec.num_kv_blocks, block_size=rec.block_size)  # fmt: skip
     g = {"clock_zero_unix_s": zero, "guidellm_version": docs[0]["metadata"]["guidellm_version"],
          "server": {"prefix_caching": prefix_caching, "engine": engine, "model": model},
@@ -211,6 +214,9 @@ def compare(out: Path = OUT) -> dict:
         )
         if sim is not None:
             rows[-1]["sim"] = records_side(sim, sel)  # fmt: skip
+        split = ttft_split.means(server, sel, rows[-1]["client"]["ttft_mean"])
+        if split:
+            rows[-1]["split"] = split
     result = {"conditions": _conditions(nb, g), "rows": rows}
     (out / "loadgen.json").write_text(json.dumps(result, indent=1) + "\n")
     (out / "table.md").write_text(table(result))
@@ -263,4 +269,5 @@ def table(result: dict) -> str:
         + head
         + "\n".join(lines)
         + "\n"
+        + ttft_split.table(result["rows"])
     )

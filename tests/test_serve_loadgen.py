@@ -1,9 +1,19 @@
-"""The load-generator comparison's pure parts: GuideLLM's figures and the records' side."""
+"""The load-generator comparison's parts: GuideLLM's figures, the records' side, and the TTFT
+split (a served run's trace against GuideLLM-shaped timings)."""
 
+import asyncio
+import json
+import math
+import time
+
+import httpx
 import numpy as np
+from serve_fixtures import MODEL, served
 
 from executor.serve.soak import parse_gauges
+from experiments import serve_loadgen_split as ttft_split
 from experiments.serve_loadgen_compare import client_side, guidellm_rows, records_side
+from horizon.metrics.latency import ttft
 
 
 def _bench() -> dict:
@@ -52,3 +62,47 @@ def test_soak_reads_the_servers_gauges():
         "num_requests_waiting": 3.0,
         "kv_cache_usage_perc": 0.25,
     }
+
+
+async def _chat(c: httpx.AsyncClient, i: int) -> tuple[float, float, str]:
+    """A streamed chat as GuideLLM times it (Unix s): start, first chunk with content, id."""
+    body = {"model": MODEL, "max_tokens": 8, "ignore_eos": True, "stream": True}
+    body["messages"] = [{"role": "user", "content": f"hello {i}"}]
+    start, first, rid = time.time(), math.nan, ""
+    async with c.stream("POST", "/v1/chat/completions", json=body) as r:
+        async for line in r.aiter_lines():
+            if line.startswith("data: {") and math.isnan(first):
+                chunk = json.loads(line[6:])
+                if chunk["choices"] and chunk["choices"][0]["delta"].get("content"):
+                    first, rid = time.time(), chunk["id"]
+    return start, first, rid
+
+
+async def _chats(url: str, n: int) -> list[tuple[float, float, str]]:
+    async with httpx.AsyncClient(base_url=url, timeout=60) as c:
+        return await asyncio.gather(*(_chat(c, i) for i in range(n)))
+
+
+def test_the_ttft_split_adds_up_to_the_clients_ttft(tmp_path):
+    with served() as (server, http):
+        timed = asyncio.run(_chats(http.url, 6))
+        server.live.wait_idle()
+    live, rec = server.live, server.live.records()
+    zero = time.time() - (time.perf_counter() - live.clock_start)  # as executor.serve saves it
+    server.hub.trace.save_npz(str(tmp_path / ttft_split.TRACE), live.clock_start)
+    successful = [
+        {"response_id": i, "info": {"timings": {"request_start": s, "first_token_iteration": f}}}
+        for s, f, i in timed
+    ]
+    docs = [{"benchmarks": [{"requests": {"successful": successful}}]}]
+    cols = ttft_split.columns(tmp_path, rec, docs, zero)
+    assert set(cols) == {*ttft_split.SERVER, *ttft_split.CLIENT}
+    sel = ~np.isnan(cols["in_send"])
+    assert sel.sum() == len(timed) and np.all(cols["out_read"][sel] > 0)
+    client_ttft = float(np.mean([f - s for s, f, _ in timed]))
+    m = ttft_split.means({**cols, "ttft": ttft(rec)}, sel, client_ttft)
+    assert m["matched"] == len(timed)
+    assert abs(m["left"]) < 0.05  # ms: the parts add up to the client's TTFT
+    table = ttft_split.table([{"rate": 5.0, "client": {"ttft_mean": client_ttft}, "split": m}])
+    assert "| 5 |" in table and "TTFT split" in table
+    assert ttft_split.columns(tmp_path / "none", rec, docs, zero) == {}  # no trace, no split
