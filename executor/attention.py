@@ -4,6 +4,8 @@ Per step the runner points it at the step's metadata (views of persistent device
 layer it writes the new tokens' K/V into that layer's slice of the KV tensor and attends:
 
     decode-only step    paged_decode_attention  (one query per sequence; CUDA-graph capturable)
+    expanded verify     paged_decode_attention  (a verification's k + 1 query tokens as k + 1
+                                                 rows of one sequence, causal context lengths)
     any other step      paged_prefill_attention (ragged chunks and decodes together)
 
 On the Triton backend it calls the kernels' launchers directly: the public wrappers re-check

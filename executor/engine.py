@@ -92,6 +92,13 @@ class EngineConfig:
             many drafts as it draws and emits the target's token after them, for targets with
             random weights, whose own acceptance means nothing (``ModelRunner``'s
             ``acceptance``). Needs ``speculation``. Read as an ``AcceptanceModel``.
+        verify_as_decode: run a verification step without prefill chunks (only decodes and
+            verifications: the steady state) as an expanded decode step, each verifying
+            request's ``k + 1`` query tokens as ``k + 1`` decode rows of causal context
+            lengths, through the split-K decode kernel and CUDA graphs keyed by the padded row
+            count (``ModelRunner``'s ``verify_as_decode``; default). False: every verification
+            step takes the mixed path (ragged prefill kernel, mixed-step graphs), as steps with
+            prefill chunks always do. Same tokens either way; an A/B switch.
         seed: run seed of sampling (request ``r`` draws with ``seed * 1_000_003 + r + 1`` when its
             params leave the seed at 0) and of
             synthetic prompt ids for requests that carry none.
@@ -116,6 +123,7 @@ class EngineConfig:
     drafter: str = "ngram"
     drafter_options: tuple[tuple[str, object], ...] = ()
     acceptance: AcceptanceModel | tuple | None = None
+    verify_as_decode: bool = True
 
     def __post_init__(self) -> None:
         if isinstance(self.speculation, dict):
@@ -133,6 +141,9 @@ class EngineConfig:
                 "EngineConfig.async_steps must be off with speculation: the next plan depends on "
                 "the drafts accepted in this one"
             )
+        if not isinstance(self.verify_as_decode, bool):
+            v = self.verify_as_decode
+            raise ValueError(f"EngineConfig.verify_as_decode must be True or False, got {v!r}")
         if self.num_blocks is not None and (
             not isinstance(self.num_blocks, int) or self.num_blocks < 1
         ):
@@ -261,6 +272,7 @@ class Engine:
             if config.speculation is None
             else make_drafter(config.drafter, **dict(config.drafter_options)),
             acceptance=config.acceptance,
+            verify_as_decode=config.verify_as_decode,
         )
         self._eos = frozenset(c.eos_token_ids)
         self.outputs: dict[int, list[int]] = {}
@@ -284,10 +296,17 @@ class Engine:
             )
         return params
 
-    def warmup(self) -> None:
+    def warmup(self, max_drafts: int | None = None) -> None:
         """Capture every decode and mixed-step graph now rather than on first use (no-op off CUDA
-        graphs)."""
-        self.runner.capture_graphs()
+        graphs), and (``verify_as_decode``) the expanded verification graphs of steps of up to
+        ``max_num_seqs`` requests verifying ``max_drafts`` drafts each (default: the config's
+        ``speculation.num_draft_tokens``, none without speculation; give it for an engine whose
+        later runs will speculate)."""
+        c = self.config
+        if max_drafts is None:
+            max_drafts = 0 if c.speculation is None else c.speculation.num_draft_tokens
+        rows = c.max_num_seqs * (max_drafts + 1) if max_drafts > 0 else 0
+        self.runner.capture_graphs(verify_rows=rows)
 
     # -- runs ------------------------------------------------------------------------------------
     def run_offline(self, requests: Sequence[Request], policy: Policy | str = "fcfs") -> RunRecords:
@@ -318,6 +337,7 @@ class Engine:
     def _new_run(self, policy: Policy | str) -> Scheduler:
         self.runner.reset()
         self.runner.acceptance = self.config.acceptance  # a config swapped between runs
+        self.runner.verify_as_decode = self.config.verify_as_decode
         self.outputs = {}
         policy = make_policy(policy) if isinstance(policy, str) else policy
         self.scheduler = Scheduler(self.config.scheduler_config(self.num_blocks), policy)

@@ -21,6 +21,17 @@ graph ends at the final hidden states; the logits of the step's emitting rows ar
 after it. Eagerly, such a step costs the host ~10 launches per layer (7-8 ms on a 24-layer model
 whatever its size); replayed, what the GPU takes.
 
+A step of decodes and verifications only (speculative decoding's steady state; ``verify_as_decode``)
+is an expanded decode step: a verification of ``m`` drafts from position ``C`` is ``m + 1`` decode
+rows, row ``i`` at position ``C + i`` with context ``C + i + 1`` over its request's block-table
+row; every row's K/V is written before attention, so the split-K decode kernel is exact. Rows are
+padded to ``verify_buckets`` (decode buckets, then mixed token buckets, up to the token budget)
+and replayed from a graph per bucket that reads the decodes' ids on the device and the
+verifications' from the staged ids, ending, like a mixed graph, at the hidden states::
+
+    rows    | decode 0 | ... | decode d-1 | v0: C..C+m0 | v1: C'..C'+m1 | ... | padding (sink) |
+    context |  C_d + 1 per decode         | C+1 .. C+m0+1 (causal)      ...  |       0        |
+
 Block tables: every running request owns a row of a persistent ``[max_num_seqs, max_blocks]``
 device table (and its host mirror). Each step appends the blocks the scheduler gave the request
 since the last step (a decode needs one every ``block_size`` steps), so the copy carries only
@@ -58,7 +69,12 @@ from executor.sampling import SamplingBatch, SamplingParams, sample
 from horizon.acceptance import AcceptanceModel
 from horizon.plan import StepPlan
 from horizon.request import Request
-from horizon.step_buckets import GRAPH_BATCH_SIZES, decode_buckets, mixed_token_buckets
+from horizon.step_buckets import (
+    GRAPH_BATCH_SIZES,
+    bucket_of,
+    decode_buckets,
+    mixed_token_buckets,
+)
 
 GREEDY = SamplingParams()
 
@@ -114,14 +130,17 @@ class _Staging:
     for (``ModelRunner.submit``'s contract)."""
 
     def __init__(self, max_tokens: int, max_seqs: int, max_updates: int, device) -> None:  # noqa: ANN001
+        # an expanded verification step (ModelRunner.verify_as_decode) has a decode row, so a
+        # context length and a block-table row, per token
+        max_rows = max(max_seqs, max_tokens)
         sizes = {
             "ids": max_tokens,
             "src": max_tokens,
             "pos": max_tokens,
             "slot": max_tokens,
-            "ctx": max_seqs,
+            "ctx": max_rows,
             "cu": max_seqs + 1,
-            "rows": max_seqs,
+            "rows": max_rows,
             "logit": max_seqs,
             "erow": max_seqs,
             "upd_idx": max_updates,
@@ -223,6 +242,12 @@ class ModelRunner:
             first rejected position, so histories and KV stay what the forward computed. The
             verify forward, its judgement and the drafter still run (their costs are real).
             None (default): greedy acceptance / rejection sampling.
+        verify_as_decode: run a step of decodes and verifications without prefill chunks as an
+            expanded decode step (default): each verification of ``m`` drafts is ``m + 1``
+            decode rows (row ``i``: its request's block-table row, position ``C + i``, context
+            ``C + i + 1``, input its last token or draft ``i``), attended by the split-K decode
+            kernel, padded to ``verify_buckets`` and replayed from a graph per bucket with
+            ``cuda_graphs``. Off, or for a step with chunks: the mixed path (ragged chunks).
 
     Contracts:
         * ``execute`` reads the plan and the requests' counters as they were when the plan was
@@ -234,8 +259,11 @@ class ModelRunner:
         * A plan's ``verifies`` (speculative decoding): each request's drafts come from the
           drafter at submit (at most the plan's ``k``; fewer if it finds fewer, or if the
           request's emit limit is lower), its ``m + 1`` query tokens (last token and drafts)
-          run in the same forward as the step's decodes and chunks, as a mixed step (replayed
-          from the mixed-step graph of its padded token count with ``mixed_graphs``);
+          run in the same forward as the step's decodes and chunks: as decode rows when the
+          step has no chunks (``verify_as_decode``), else as a mixed step (replayed from the
+          mixed-step graph of its padded token count with ``mixed_graphs``);
+          ``num_verify_steps`` counts this run's verification steps by path (``decode`` /
+          ``mixed``);
           ``wait`` commits the emitted tokens (``StepOutput.verified``) and forgets the mirrored
           blocks beyond them, as the scheduler's ``update`` trims them. Such a step needs
           every earlier step read back (no step in flight) and is not pipelined.
@@ -259,8 +287,10 @@ class ModelRunner:
         fused: bool | None = None,
         drafter: Drafter | None = None,
         acceptance: AcceptanceModel | None = None,
+        verify_as_decode: bool = True,
     ) -> None:
         self.model = model
+        self.verify_as_decode = verify_as_decode
         dv = None if drafter is None else drafter.vocab_size
         if dv is not None and dv < model.config.vocab_size:
             raise ValueError(
@@ -340,8 +370,10 @@ class ModelRunner:
         self._dec_rows = np.zeros(0, dtype=np.int64)
         self._dec_rids: list[int] = []
         self._num_sampled = 0  # sequences whose tokens are not the argmax (needs_sampler)
-        # speculation, this run: drafts the drafter proposed, and of them those accepted
+        # speculation, this run: drafts the drafter proposed, and of them those accepted;
+        # verification steps by path (expanded decode rows, or the mixed path's ragged chunks)
         self.num_proposed = self.num_accepted = 0
+        self.num_verify_steps = {"decode": 0, "mixed": 0}
 
     def _init_graphs(
         self,
@@ -350,8 +382,14 @@ class ModelRunner:
         pad_mixed: bool,
         mixed_graphs: bool | None,
     ) -> None:
-        """Padding buckets and the (lazily captured) CUDA graphs of decode-only and mixed steps."""
+        """Padding buckets and the (lazily captured) CUDA graphs of decode-only, mixed and
+        expanded verification steps."""
         self.graph_batch_sizes = decode_buckets(self.max_num_seqs, graph_batch_sizes)
+        # an expanded verification step's rows: the decode buckets, then the mixed steps' token
+        # buckets, up to the token budget (which counts k + 1 rows per verification)
+        budget = self.max_num_batched_tokens
+        sizes = (*graph_batch_sizes, *mixed_token_buckets(budget))
+        self.verify_buckets = decode_buckets(budget, sizes)
         self.pad_decodes = pad_decodes or self.cuda_graphs
         self.mixed_graphs = self.cuda_graphs if mixed_graphs is None else mixed_graphs
         if self.mixed_graphs and not self.cuda_graphs:
@@ -360,6 +398,7 @@ class ModelRunner:
         self.pad_mixed = pad_mixed or self.mixed_graphs
         self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, torch.Tensor]]] = {}
         self._mixed: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self._verify: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self._pool = None
 
     # -- sequences -------------------------------------------------------------------------------
@@ -426,6 +465,7 @@ class ModelRunner:
         self._seqs.clear()
         self._num_sampled = 0
         self.num_proposed = self.num_accepted = 0
+        self.num_verify_steps = {"decode": 0, "mixed": 0}
         self._dec_key = None
         assert len(self._free_rows) == self.num_rows
         assert self._in_flight == 0, "reset with a submitted step not waited for"
@@ -567,15 +607,16 @@ class ModelRunner:
         if plan.verifies:
             assert self._in_flight == 0, "a step that verifies drafts with a step in flight"
             ver = self._drafts(plan, emit_limits, stop_ids)
-        bucket, mixed = (0, 0) if all_logits else self._padding(plan, nd, ver)
-        staged = self._prepare(plan, blocks_of, bucket, mixed, ver)
+        shape = (0, 0, 0) if all_logits else self._padding(plan, nd, ver)
+        bucket = shape[0]
+        staged = self._prepare(plan, blocks_of, shape, ver)
         emitters, rids, rows_e, num_tokens, num_seqs = staged
         self._s.upload()
         self._apply_updates()
         self._restore_stale()
         m = len(emitters)
         logits, tokens, logits_all, judged = self._forward_step(
-            bucket, mixed, nd, num_tokens, num_seqs, m, all_logits, ver
+            shape, nd, num_tokens, num_seqs, m, all_logits, ver
         )
         if m and self._num_sampled:
             tokens = self._sample(rows_e, emitters, logits, m)
@@ -635,14 +676,20 @@ class ModelRunner:
             out.accepted = [len(t) - 1 for t in out.verified]
         return out
 
-    def _forward_step(self, bucket, mixed, nd, num_tokens, num_seqs, m, all_logits, ver):  # noqa: ANN001, ANN202
-        """The step's forward (a decode graph's bucket, a mixed step's, or eager): the emitters'
-        logits and greedy tokens, every token's logits (``all_logits``), and the verifications'
-        judgement (``ver``)."""
+    def _forward_step(self, shape, nd, num_tokens, num_seqs, m, all_logits, ver):  # noqa: ANN001, ANN202
+        """The step's forward (a decode graph's bucket, a mixed step's, an expanded
+        verification step's, or eager; ``shape``: ``_padding``'s): the emitters' logits and
+        greedy tokens, every token's logits (``all_logits``), and the verifications' judgement
+        (``ver``)."""
+        bucket, mixed, expanded = shape
         logits_all = vlogits = judged = None
         v0 = num_tokens - ver.n if ver is not None else -1  # the verifications' first token
+        if ver is not None:
+            self.num_verify_steps["decode" if expanded else "mixed"] += 1
         if bucket:
             logits, tokens = self._decode_step(bucket)
+        elif expanded:
+            logits, tokens, vlogits = self._verify_step(expanded, m, v0, num_tokens)
         elif mixed:
             logits, tokens, vlogits = self._mixed_step(mixed, m, v0, num_tokens)
         else:
@@ -664,21 +711,29 @@ class ModelRunner:
         idx = torch.tensor(rows, dtype=torch.int64).to(self.device)
         self._last_tok[idx] = torch.from_numpy(last).to(self.device)
 
-    def _padding(self, plan: StepPlan, nd: int, ver: _Verifies | None = None) -> tuple[int, int]:
-        """The decode bucket a decode-only step and the token bucket a mixed step (chunks or
-        verifications) is padded to (0: not padded), capturing that size's graph on first use."""
+    def _padding(self, plan: StepPlan, nd: int, ver: _Verifies | None = None) -> tuple[int, ...]:
+        """``(bucket, mixed, expanded)``: the decode bucket a decode-only step, the token bucket
+        a mixed step (chunks, or verifications on the mixed path) is padded to (0: not padded),
+        and an expanded verification step's rows (padded to ``verify_buckets`` as decodes are;
+        0: not one), capturing that size's graph on first use."""
         bucket = mixed = 0
         if not plan.prefills and ver is None:
             if self.pad_decodes:
                 bucket = self._bucket(nd)
                 if bucket and self.cuda_graphs and bucket not in self._graphs:
                     self._capture(bucket)
-        elif self.pad_mixed:
-            extra = 0 if ver is None else ver.n
-            mixed = self._mixed_bucket(nd + sum(n for _, n in plan.prefills) + extra)
+            return bucket, 0, 0
+        rows = nd + (0 if ver is None else ver.n)
+        if not plan.prefills and self.verify_as_decode and rows <= self.verify_buckets[-1]:
+            expanded = bucket_of(rows, self.verify_buckets) if self.pad_decodes else rows
+            if self.cuda_graphs and expanded not in self._verify:
+                self._capture_verify(expanded)
+            return 0, 0, expanded
+        if self.pad_mixed:
+            mixed = self._mixed_bucket(rows + sum(n for _, n in plan.prefills))
             if self.mixed_graphs and mixed not in self._mixed:
                 self._capture_mixed(mixed)
-        return bucket, mixed
+        return bucket, mixed, 0
 
     def _bucket(self, n: int) -> int:
         for b in self.graph_batch_sizes:
@@ -692,9 +747,11 @@ class ModelRunner:
                 return b
         raise AssertionError(f"a step of {n} tokens exceeds max_num_batched_tokens")
 
-    def _prepare(self, plan: StepPlan, blocks_of: BlocksOf, bucket: int, mixed: int = 0, ver=None):  # noqa: ANN001, ANN202
-        """Fill the host staging buffer (verifications, ``ver``, after the chunks). Returns the
-        emitting requests, their ids and rows, and the step's token and sequence counts."""
+    def _prepare(self, plan: StepPlan, blocks_of: BlocksOf, shape, ver=None):  # noqa: ANN001, ANN202
+        """Fill the host staging buffer (verifications, ``ver``, after the chunks; ``shape``:
+        ``_padding``'s). Returns the emitting requests, their ids and rows, and the step's token
+        and sequence (an expanded step: row) counts."""
+        bucket, mixed, expanded = shape
         self._upd_idx.clear()
         self._upd_val.clear()
         h = self._s.np
@@ -727,17 +784,22 @@ class ModelRunner:
             rows_e = np.concatenate([rows_d, rows_p[e]])
         tok_rows = rows_d if chunk is None else np.concatenate([rows_d, np.repeat(rows_p, q)])
         if ver is not None:
-            v_rows = self._stage_verifies(ver, plan.verifies, blocks_of, num_tokens, num_seqs)
+            v_rows = self._stage_verifies(
+                ver, plan.verifies, blocks_of, num_tokens, num_seqs, expanded > 0
+            )
             tok_rows = np.concatenate([tok_rows, v_rows])
             num_tokens += ver.n
-            num_seqs += len(ver.rows)
-        assert num_tokens <= self.max_num_batched_tokens and num_seqs <= self.max_num_seqs
+            num_seqs = num_tokens if expanded else num_seqs + len(ver.rows)
+        assert num_tokens <= self.max_num_batched_tokens
+        assert expanded or num_seqs <= self.max_num_seqs
         p = h["pos"][:num_tokens]
         bs = self.block_size
         h["slot"][:num_tokens] = self._bt_host[tok_rows, p // bs] * bs + p % bs
         h["erow"][: len(rows_e)] = rows_e
         if bucket > nd:
             self._pad(nd, bucket)
+        if expanded > num_tokens:
+            self._pad(num_tokens, expanded)
         if mixed:
             self._pad_mixed(num_tokens, mixed, num_seqs)
         self._stage_updates()
@@ -918,9 +980,18 @@ class ModelRunner:
             ver.stated = self.acceptance.sample([(r, len(d)) for r, d in zip(reqs, drafts)])
         return ver
 
-    def _stage_verifies(self, ver: _Verifies, verifies, blocks_of: BlocksOf, t0: int, s0: int):  # noqa: ANN001, ANN202
-        """Stage the verifications' query tokens from token ``t0`` and sequence ``s0`` on;
-        returns each token's row."""
+    def _stage_verifies(
+        self,
+        ver: _Verifies,
+        verifies: Sequence[tuple[Request, int]],
+        blocks_of: BlocksOf,
+        t0: int,
+        s0: int,
+        rows_per_token: bool = False,
+    ) -> np.ndarray:
+        """Stage the verifications' query tokens from token ``t0`` and sequence ``s0`` on (with
+        ``rows_per_token``, as decode rows from row ``t0`` on: the expanded step, each token's
+        context ending at its own position); returns each token's row."""
         h, hist = self._s.np, self._hist
         q = np.array([len(d) + 1 for d in ver.drafts], dtype=np.int64)
         rows = np.array(ver.rows, dtype=np.int64)
@@ -937,11 +1008,17 @@ class ModelRunner:
         ends = np.cumsum(q)
         h["ids"][t0:t1] = np.concatenate(ids)
         h["src"][t0:t1] = -1
-        h["pos"][t0:t1] = np.repeat(starts - (ends - q), q) + np.arange(ver.n)
+        pos = np.repeat(starts - (ends - q), q) + np.arange(ver.n)
+        h["pos"][t0:t1] = pos
+        tok_rows = np.repeat(rows, q)
+        if rows_per_token:  # causal: row i sees the request's context up to its own position
+            h["ctx"][t0:t1] = pos + 1
+            h["rows"][t0:t1] = tok_rows
+            return tok_rows
         h["ctx"][s0:s1] = starts + q
         h["cu"][s0 + 1 : s1 + 1] = t0 + ends
         h["rows"][s0:s1] = rows
-        return np.repeat(rows, q)
+        return tok_rows
 
     def _judge(self, ver: _Verifies, vlogits: torch.Tensor) -> torch.Tensor:
         """``verify.judge`` on the query rows: ``[2, n]`` (accept, alt) on the device."""
@@ -1020,6 +1097,11 @@ class ModelRunner:
             graph.replay()
         else:
             hidden = self._mixed_forward(tokens)
+        return self._head(hidden, m, v0, v1)
+
+    def _head(self, hidden: torch.Tensor, m: int, v0: int, v1: int):  # noqa: ANN202
+        """Logits of a step's final hidden states: the emitters' (rows ``logit[:m]``) and their
+        greedy tokens, and fp32 logits of rows ``v0:v1`` (``v0 >= 0``)."""
         vlogits = None
         if v0 >= 0:
             vlogits = F.linear(hidden[v0:v1], self.model.lm_head_weight).float()
@@ -1027,6 +1109,30 @@ class ModelRunner:
             return None, None, vlogits
         logits = F.linear(hidden.index_select(0, self._s.t["logit"][:m]), self.model.lm_head_weight)
         return logits, logits.argmax(-1).to(torch.int32), vlogits
+
+    # -- verification steps as decode rows: CUDA graphs keyed by padded row count --------------
+    def _verify_forward(self, b: int) -> torch.Tensor:
+        """A padded expanded verification step of ``b`` decode rows (the decodes' ids read on
+        the device, the verifications' staged); returns every row's final hidden states (what
+        a verification graph captures)."""
+        t, att = self._s.t, self.attention
+        block_tables = self._bt_dev.index_select(0, t["rows"][:b])
+        splits = decode_num_splits(b, att.num_kv_heads, self.max_model_len, self.device)
+        att.set_step(t["slot"][:b], block_tables, t["ctx"][:b], None, splits)
+        return self._forward(self._input_ids(b), t["pos"][:b], att)
+
+    def _verify_step(self, b: int, m: int, v0: int, v1: int):  # noqa: ANN202
+        """An expanded verification step: as ``_mixed_step``, over ``b`` decode rows."""
+        if self.cuda_graphs:
+            graph, hidden = self._verify[b]
+            graph.replay()
+        else:
+            hidden = self._verify_forward(b)
+        return self._head(hidden, m, v0, v1)
+
+    def _capture_verify(self, b: int) -> None:
+        self._pad(0, b)  # capture on padding rows: no KV is written, nothing is read
+        self._verify[b] = self._graph_of(lambda: self._verify_forward(b))
 
     def _capture_mixed(self, tokens: int) -> None:
         self._pad_mixed(0, tokens, 0)  # capture on padding only: no KV is written or read
@@ -1052,16 +1158,24 @@ class ModelRunner:
         return None if entry is None else entry[0]
 
     @torch.no_grad()
-    def capture_graphs(self, sizes: Sequence[int] | None = None, mixed: bool = True) -> None:
-        """Capture the decode graphs of ``sizes`` (default: every bucket) and, with ``mixed``,
-        every mixed-step graph, largest first so the smaller ones reuse its memory. Without it,
-        each is captured on first use (a step that pays for it)."""
+    def capture_graphs(
+        self, sizes: Sequence[int] | None = None, mixed: bool = True, verify_rows: int = 0
+    ) -> None:
+        """Capture the decode graphs of ``sizes`` (default: every bucket), with ``mixed`` every
+        mixed-step graph and (with ``verify_as_decode``) the expanded verification graphs of the
+        buckets up to the one of ``verify_rows`` rows, largest first so the smaller ones reuse
+        its memory. Without it, each is captured on first use (a step that pays for it)."""
         if not self.cuda_graphs:
             return
         if mixed and self.mixed_graphs:
             for n in sorted(self.mixed_token_buckets, reverse=True):
                 if n not in self._mixed:
                     self._capture_mixed(n)
+        if verify_rows > 0 and self.verify_as_decode:
+            top = bucket_of(min(verify_rows, self.verify_buckets[-1]), self.verify_buckets)
+            for n in sorted((b for b in self.verify_buckets if b <= top), reverse=True):
+                if n not in self._verify:
+                    self._capture_verify(n)
         for b in sorted(sizes or self.graph_batch_sizes, reverse=True):
             if b not in self._graphs:
                 self._capture(b)
