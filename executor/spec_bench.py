@@ -15,6 +15,11 @@ Random-weight targets, stated acceptance (``--acceptance``: the held-batch grid 
     python -m executor.spec_bench --model tiny --device cpu --drafter draft:tiny \
         --acceptance 0.7 --k 2 --batch 1,2 --prompt-len 24 --out-base 4 --out-span 8
 
+``--verify-as-decode off``: verification steps without prefill chunks take the mixed path
+(ragged prefill kernel, mixed-step graphs) instead of running as expanded decode steps
+(``EngineConfig.verify_as_decode``, on by default); every row counts its verification steps by
+path (``verify_steps``).
+
 ``--drafter draft:NAME``: a draft model (a preset shape with seeded random weights, or
 ``tiny``) on its own paged KV cache, batched graph-replayed decode steps
 (``executor.paged_draft``); ``ngram``: prompt lookup padded to ``k``. ``--draft-cost B,..``:
@@ -37,7 +42,8 @@ captured first):
 2. plain: the plain engine as it runs by default (pipelined, CUDA graphs), every request forced
    to its reference length (``stop="trace"``), best wall time of ``--repeats``;
 3. for each ``k``: the same with speculation (``fixed`` policy, ``k`` drafts per request per
-   step; serial steps; verification steps replay the mixed-step graphs), outputs compared
+   step; serial steps; verification steps replay the expanded-decode graphs, or the
+   mixed-step graphs when they carry prefill chunks), outputs compared
    token for token with plain's (greedy: they must be equal, ``identical``).
 
 Figures per row: ``tok_s`` (output tokens / wall time, prefill included), ``speedup`` (over
@@ -196,6 +202,7 @@ def timed(engine, prompts, lengths, k: int, repeats: int) -> dict:  # noqa: ANN0
                     "proposal_acceptance": engine.runner.num_accepted / engine.runner.num_proposed
                     if engine.runner.num_proposed
                     else None,
+                    "verify_steps": dict(engine.runner.num_verify_steps),
                     "outputs": dict(engine.outputs),
                 }
     finally:
@@ -212,9 +219,9 @@ def bench_batch(model, tokenizer, batch: int, ks, args) -> list[dict]:  # noqa: 
         prompts = token_prompts(model.config.vocab_size, batch, args.seed + batch)
         stop, eos = "trace", frozenset()
     max_len = max(len(p) for p in prompts) + args.max_new
-    engine = make_engine(model, batch, max_len)
+    engine = make_engine(model, batch, max_len, verify_as_decode=args.verify_as_decode == "on")
     t0 = time.perf_counter()
-    engine.warmup()
+    engine.warmup(max_drafts=max(ks))
     graphs_s = time.perf_counter() - t0
     ref = dataclasses.replace(engine.config, stop=stop, async_steps=False)
     plain_cfg, engine.config = engine.config, ref
@@ -295,6 +302,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--budget-s", type=float, default=None, help="held grid: skip cells after")
     p.add_argument("--draft-cost", default=None, help="batches for the draft cost per position")
     p.add_argument("--compare", default=None, help="held grid: the simulator's sim.json")
+    p.add_argument(
+        "--verify-as-decode",
+        choices=("on", "off"),
+        default="on",
+        help="verification steps without chunks as expanded decode steps (off: the mixed path)",
+    )
     a = p.parse_args(argv)
     batches = [int(x) for x in a.batch.split(",")]
     ks = [int(x) for x in a.k.split(",")]
@@ -308,13 +321,17 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--drafter other than ngram needs --acceptance (random-weight targets)")
     model, tokenizer = load_model(a.model, a.dtype, a.device)
     env = environment(a.device)
-    print(f"{a.model} ({a.dtype}, {env.get('gpu', a.device)}): n-gram drafting", flush=True)
+    paths = "verify as decode" if a.verify_as_decode == "on" else "verify on the mixed path"
+    print(
+        f"{a.model} ({a.dtype}, {env.get('gpu', a.device)}): n-gram drafting, {paths}", flush=True
+    )
     print(HEAD, flush=True)
     rows = [r for b in batches for r in bench_batch(model, tokenizer, b, ks, a)]
     b1 = [r for r in rows if r["batch"] == 1 and r["k"]]
     best = max(b1, key=lambda r: r["speedup"]) if b1 else None
     target = None if best is None else best["speedup"] >= 1.5
     result = {**env, "model": a.model, "dtype": a.dtype, "device": a.device, "args": vars(a)}
+    result["verify_as_decode"] = a.verify_as_decode == "on"
     result |= {"rows": rows, "batch1_best": best, "target_batch1_ge_1.5x": target}
     if a.json_out:
         with open(a.json_out, "w") as f:

@@ -52,8 +52,15 @@ class HeldWorkload:
         return self.prompt + self.out_base + self.out_span + k_max + 16
 
 
-def held_engine(model, batch: int, work: HeldWorkload, k_max: int):  # noqa: ANN001, ANN201
-    """An engine for the grid at ``batch`` (graphs captured)."""
+def held_engine(  # noqa: ANN201
+    model,  # noqa: ANN001
+    batch: int,
+    work: HeldWorkload,
+    k_max: int,
+    verify_as_decode: bool = True,
+):
+    """An engine for the grid at ``batch`` (graphs captured, the expanded verification ones of
+    ``k_max`` drafts too); ``verify_as_decode``: ``EngineConfig``'s."""
     from executor.engine import Engine, EngineConfig
 
     max_len = work.max_len(k_max)
@@ -63,9 +70,10 @@ def held_engine(model, batch: int, work: HeldWorkload, k_max: int):  # noqa: ANN
         max_num_seqs=batch,
         max_num_batched_tokens=max(work.token_budget, batch),
         max_model_len=max_len,
+        verify_as_decode=verify_as_decode,
     )
     engine = Engine(model, cfg)
-    engine.warmup()
+    engine.warmup(max_drafts=k_max)
     return engine
 
 
@@ -107,6 +115,8 @@ def run_cell(engine, work: HeldWorkload, batch: int, k: int, alpha: float | None
         "steps": len(rec.step_durations()),
         "accepted_per_draft": s.num_accepted / s.num_drafted if s.num_drafted else None,
         "expected_per_draft": None,
+        "verify_as_decode": base.verify_as_decode,
+        "verify_steps": dict(engine.runner.num_verify_steps),
     }
     if k:
         row["expected_per_draft"] = float(stated.survival(k).sum()) / k
@@ -127,10 +137,12 @@ def held_grid(
     work: HeldWorkload,
     budget_s: float | None = None,
     on_row: Callable[[dict], None] = lambda r: None,
+    verify_as_decode: bool = True,
 ) -> list[dict]:
     """Every cell (plain, then each alpha and k) per batch size, smallest batch first; cells
     not started before ``budget_s`` seconds are skipped (listed as ``skipped`` rows).
-    ``make_drafter(batch, max_len)`` gives the drafter of a batch size."""
+    ``make_drafter(batch, max_len)`` gives the drafter of a batch size; ``verify_as_decode``:
+    ``EngineConfig``'s."""
     t_start = time.perf_counter()
     rows = []
     for b in batches:
@@ -138,7 +150,7 @@ def held_grid(
         if budget_s is not None and time.perf_counter() - t_start > budget_s:
             rows += [{"batch": b, "k": k, "alpha": a, "skipped": True} for k, a in cells]
             continue
-        engine = held_engine(model, b, work, max(ks))
+        engine = held_engine(model, b, work, max(ks), verify_as_decode)
         drafter = make_drafter(b, engine.config.max_model_len)
         warm_drafter(drafter, b, model.config.vocab_size)
         plain = None

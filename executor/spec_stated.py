@@ -54,9 +54,11 @@ def main_stated(a: Namespace, batches: list[int], ks: list[int]) -> int:
     label, make, draft = _draft_maker(a, target.config.vocab_size)
     env = environment(a.device)
     stated = "stated acceptance α=" + ",".join(f"{x:g}" for x in alphas)
+    on = a.verify_as_decode == "on"
     title = (
         f"{a.model} ({a.dtype}, {env.get('gpu', a.device)}), random weights: {stated} "
-        f"(geometric, seed 0; not the target's), drafts: {label}; held batch, "
+        f"(geometric, seed 0; not the target's), drafts: {label}; "
+        f"verify {'as decode' if on else 'on the mixed path'}; held batch, "
         f"2B+6 requests, prompt {work.prompt}, outputs {work.out_base}.."
         f"{work.out_base + work.out_span - 1}"
     )
@@ -71,7 +73,7 @@ def main_stated(a: Namespace, batches: list[int], ks: list[int]) -> int:
             with open(a.json_out, "w") as f:
                 json.dump({"title": title, "partial": True, "rows": done}, f, indent=2)
 
-    rows = held_grid(target, make, batches, ks, alphas, work, a.budget_s, on_row=on_row)
+    rows = held_grid(target, make, batches, ks, alphas, work, a.budget_s, on_row, on)
     cross = crossovers(rows, batches)
     sim_cross = _simulated_crossovers(a.compare, rows, batches, draft)
     costs = _draft_costs(a.draft_cost, draft, work, ks)
@@ -80,6 +82,7 @@ def main_stated(a: Namespace, batches: list[int], ks: list[int]) -> int:
     met = None if hit is None or hit.get("skipped") else hit["speedup"] >= x_t
     result = {**env, "title": title, "model": a.model, "dtype": a.dtype, "args": vars(a)}
     result |= {"acceptance": f"{stated} (geometric, seed 0)", "drafter": label}
+    result["verify_as_decode"] = on
     result |= {"rows": rows, "crossover_batch": cross, "draft_cost": costs}
     result |= {"simulated": a.compare, "crossover_batch_simulated": sim_cross}
     result |= {"target_alpha0.7_k4_batch1_ge_2x": met}

@@ -165,3 +165,37 @@ def test_verify_as_decode_must_be_a_bool():
         EngineConfig(num_blocks=8, verify_as_decode="off")
     assert EngineConfig(num_blocks=8).verify_as_decode is True
 
+
+def test_spec_bench_switch_takes_the_path_it_names(tmp_path):
+    """``python -m executor.spec_bench --verify-as-decode on|off`` (the stated grid and the
+    n-gram bench): each row counts its verification steps by path, all but those with chunks
+    expanded when on, none when off; the stated draws give the same steps and acceptance."""
+    import json
+
+    from executor.spec_bench import main
+
+    stated = ["--model", "tiny", "--device", "cpu", "--drafter", "ngram", "--acceptance", "0.7"]
+    stated += ["--k", "2", "--batch", "1,2", "--prompt-len", "20", "--out-base", "6"]
+    stated += ["--out-span", "6"]
+    plain = ["--model", "tiny", "--device", "cpu", "--batch", "2", "--k", "2", "--max-new", "8"]
+    plain += ["--repeats", "1"]
+    res = {}
+    for name, args in (("stated", stated), ("ngram", plain)):
+        for mode in ("on", "off"):
+            out = tmp_path / f"{name}_{mode}.json"
+            assert main([*args, "--verify-as-decode", mode, "--json-out", str(out)]) == 0
+            res[name, mode] = json.loads(out.read_text())
+            assert res[name, mode]["verify_as_decode"] is (mode == "on")
+    for name in ("stated", "ngram"):
+        on, off = (res[name, m]["rows"] for m in ("on", "off"))
+        spec_on, spec_off = ([r for r in rows if r["k"]] for rows in (on, off))
+        assert spec_on and len(spec_on) == len(spec_off)
+        for a, b in zip(spec_on, spec_off):
+            assert a["verify_steps"]["decode"] > 0 and b["verify_steps"]["decode"] == 0
+            assert sum(a["verify_steps"].values()) == sum(b["verify_steps"].values())
+            assert a["steps"] == b["steps"]
+    for a, b in zip(res["stated", "on"]["rows"], res["stated", "off"]["rows"]):
+        assert a["accepted_per_draft"] == b["accepted_per_draft"]
+    assert all(r["identical"] for m in ("on", "off") for r in res["ngram", m]["rows"])
+    assert "verify as decode" in res["stated", "on"]["title"]
+    assert "mixed path" in res["stated", "off"]["title"]
