@@ -250,8 +250,9 @@ class Scheduler:
             self._admit(now, budget, prefills)
         if preempted:  # a victim may have been given a chunk earlier in this step
             prefills = [(r, n) for r, n in prefills if r.status is RequestStatus.RUNNING]
-            if verifies:
-                verifies = [(r, k) for r, k in verifies if r.status is RequestStatus.RUNNING]
+            if verifies:  # a victim re-admitted in this step runs again, but not its verify
+                gone = {id(r) for r in preempted}
+                verifies = [(r, k) for r, k in verifies if id(r) not in gone]
         decodes, decode_context = self._step_decodes(t, verifies)
         rejected = ()
         if self._rejected:

@@ -266,3 +266,37 @@ def test_adaptive_policy_follows_the_measured_acceptance():
     View.step = 32
     assert pol.draft_tokens([object()], View()) == 1  # a probe, so the estimate can recover
     pol.check_integrity()
+
+
+def test_a_verifying_victim_readmitted_in_its_step_verifies_nothing_there(monkeypatch):
+    """A speculating request preempted while a step is planned, and admitted again later in
+    that same planning (its recompute's first chunk), keeps no verification in the plan: its
+    blocks were freed (it used to stay in the plan's verifies, breaking the prefill-token and
+    block counts at that step's update)."""
+    from horizon.model_shape import model_shape
+    from simulator import Simulation, gpu_spec, make_cost_model
+
+    rng = random.Random(37)  # a workload where it happens (found by a random search)
+    reqs = random_requests(rng, 40, rng.choice([20, 60, 200]), rng.choice([10, 40, 150]),
+                           rate=rng.choice([20, 200]))  # fmt: skip
+    spec = SpeculationConfig(policy="batch_limited", num_draft_tokens=6, max_batch=6)
+    cfg = SchedulerConfig(num_blocks=28, block_size=16, max_num_seqs=12,
+                          max_num_batched_tokens=59, enable_prefix_caching=False,
+                          max_model_len=10_000, speculation=spec)  # fmt: skip
+    seen = []
+    schedule = Scheduler.schedule
+
+    def spy(self, now):  # noqa: ANN001, ANN202
+        plan = schedule(self, now)
+        again = {r.request_id for r in plan.preempted} & {r.request_id for r, _ in plan.prefills}
+        if again:
+            seen.append((again, {r.request_id for r, _ in plan.verifies}))
+        return plan
+
+    monkeypatch.setattr(Scheduler, "schedule", spy)
+    cost = make_cost_model("roofline", shape=model_shape("qwen2.5-7b"), gpu=gpu_spec("H200"))
+    acc = AcceptanceModel.geometric(0.9, 37)
+    sim = Simulation(fresh(reqs), cfg, make_policy("sjf_prompt"), cost, check_every=1,
+                     acceptance=acc)  # fmt: skip
+    sim.run()  # check_integrity after every step
+    assert seen and all(not (again & verified) for again, verified in seen)
