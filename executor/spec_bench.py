@@ -281,7 +281,7 @@ def environment(device: str) -> dict:
     return env
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m executor.spec_bench", description=__doc__.splitlines()[0]
     )
@@ -308,6 +308,11 @@ def main(argv: list[str] | None = None) -> int:
         default="on",
         help="verification steps without chunks as expanded decode steps (off: the mixed path)",
     )
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = _parser()
     a = p.parse_args(argv)
     batches = [int(x) for x in a.batch.split(",")]
     ks = [int(x) for x in a.k.split(",")]
