@@ -24,7 +24,10 @@ import numpy as np
 
 from horizon.metrics.records import RunRecords
 
-SERVER = ("in_body", "out_pipe", "out_text", "out_loop", "out_write", "ttft_out", "text_wait")
+# receipt_lag (<= 0): the records' arrival before the receipt, for a request that joined a plan
+# whose clock was read before it came (``ttft_trace.split``): part of the way in
+SERVER = ("in_body", "receipt_lag", "out_pipe", "out_text", "out_loop", "out_write", "ttft_out",
+          "text_wait")  # fmt: skip
 CLIENT = ("in_send", "out_read")
 TRACE = "records.ttft.npz"
 
@@ -68,7 +71,7 @@ def means(r: dict[str, np.ndarray], select: np.ndarray, client_ttft: float) -> d
         return {}
     out = {k: 1e3 * float(np.nanmean(r[k][select])) for k in (*SERVER, *CLIENT)}
     out["ttft"] = 1e3 * float(np.nanmean(r["ttft"][select]))
-    out["way_in"] = out["in_send"] + out["in_body"]
+    out["way_in"] = out["in_send"] + out["in_body"] + out["receipt_lag"]
     out["way_out"] = out["ttft_out"] + out["text_wait"] + out["out_read"]
     out["matched"] = int(np.sum(~np.isnan(r["in_send"][select])))
     out["left"] = 1e3 * client_ttft - out["ttft"] - out["way_in"] - out["way_out"]
@@ -80,7 +83,8 @@ def table(rows: list[dict]) -> str:
     ``split`` of ``means``); "" when none has one."""
     lines = [
         f"| {r['rate']:g} | {1e3 * r['client']['ttft_mean']:.2f} | {s['ttft']:.2f} "
-        f"| {s['in_send']:.2f} | {s['in_body']:.2f} | {s['out_pipe']:.2f} | {s['out_text']:.2f} "
+        f"| {s['in_send']:.2f} | {s['in_body']:.2f} | {s['receipt_lag']:.2f} "
+        f"| {s['out_pipe']:.2f} | {s['out_text']:.2f} "
         f"| {s['out_loop']:.2f} | {s['out_write']:.2f} | {s['text_wait']:.2f} "
         f"| {s['out_read']:.2f} | {s['left']:.2f} | {s['matched']} |"
         for r in rows
@@ -89,9 +93,9 @@ def table(rows: list[dict]) -> str:
     if not lines:
         return ""
     head = (
-        "\n## TTFT split (means, ms): client = records + way in (send, body) + way out "
+        "\n## TTFT split (means, ms): client = records + way in (send, body, lag) + way out "
         "(pipe, text, loop, write, text wait, read)\n\n"
-        "| rate | client | records | send | body | pipe | text | loop | write | text wait "
-        "| read | left | matched |\n" + "|---" * 13 + "|\n"
+        "| rate | client | records | send | body | lag | pipe | text | loop | write | text wait "
+        "| read | left | matched |\n" + "|---" * 14 + "|\n"
     )
     return head + "\n".join(lines) + "\n"

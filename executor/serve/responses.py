@@ -23,9 +23,9 @@ def streamed(
 ) -> StreamingResponse:
     """The request's chunks as they come, then the usage chunk (if asked for) and
     ``[DONE]``. Closing the connection aborts the request (the generator is closed). A traced
-    stream's first token is stamped written once the chunk carrying it has been sent (the
-    generator resumes after Starlette's ``await send``: uvicorn has handed it to the
-    transport)."""
+    stream's first token is stamped written at the moment its chunk is handed to Starlette's
+    ``send`` (taken before the send, recorded once it returned: no client can have read the
+    chunk before that moment, and uvicorn's own write falls in the client's read)."""
 
     async def body() -> AsyncIterator[str]:
         n = 0
@@ -35,9 +35,10 @@ def streamed(
                 yield sse(fmt.chunk("", role=True))
             async for batch in stream.batches():
                 parts, n, failed, text = _chunks(batch, fmt, n)
+                handed = time.perf_counter()  # before the send: a client reads it later
                 yield parts
                 if tracing and n:
-                    tracing = stream.wrote(time.perf_counter(), text)
+                    tracing = stream.wrote(handed, text)
                 if failed:
                     break
             if fmt.include_usage:

@@ -13,17 +13,18 @@ the request's way in before its receipt, which only the client sees. Per streame
                (an engine on a thread of the server: the same moment as ``posted``)
     posted     its text made, handed to the event loop (``call_soon_threadsafe``)
     delivered  the loop put it in the request's queue
-    written    the chunk carrying it was handed to the transport (uvicorn's ``send`` returned)
+    written    the chunk carrying it was handed to the response's send (uvicorn's write of it
+               then lies in the client's ``out_read``)
     text_written   the first chunk with text was (what GuideLLM counts as the first token;
                later than ``written`` when the first token completes no character)
 
 ``split`` lines these up with the run's records: ``ttft`` (the records', unchanged) +
-``ttft_out`` = ``written - receipt``, and ``ttft_out`` = ``out_pipe + out_text + out_loop +
-out_write``. A client's TTFT is then the records' TTFT + ``ttft_out`` + its way in (what
-neither the records nor these stamps see: the client's own sending and reading, the kernel,
-and the server's HTTP parsing before the endpoint starts), which ``client_split`` measures
-where a client's timings name their responses' ids: ``in_send`` before the endpoint starts,
-``out_read`` after the chunk is written.
+``ttft_out`` (+ ``receipt_lag``, ``split``'s) = ``written - receipt``, and ``ttft_out`` =
+``out_pipe + out_text + out_loop + out_write``. A client's TTFT is then the records' TTFT +
+``ttft_out`` + its way in (what neither the records nor these stamps see: the client's own
+sending and reading, the kernel, and the server's HTTP parsing before the endpoint starts),
+which ``client_split`` measures where a client's timings name their responses' ids:
+``in_send`` before the endpoint starts, ``out_read`` after the chunk is written.
 """
 
 from __future__ import annotations
@@ -104,7 +105,10 @@ def load_npz(path: str) -> dict[str, np.ndarray]:
 def split(trace: dict[str, np.ndarray], rec: RunRecords) -> dict[str, np.ndarray]:
     """Per request of ``rec`` (its rows' order): each ``SPLIT`` figure (seconds; NaN for a
     request not streamed, or whose first token was never written) and ``receipt_lag``, the
-    records' arrival less the trace's receipt (0: the same moment).
+    records' arrival less the trace's receipt: 0, or negative for a request received after
+    the engine's loop read the clock for the plan it joined (its arrival is that plan's time,
+    at most a step earlier: ``executor.serve.inbox``), so ``ttft + ttft_out + receipt_lag =
+    written - receipt``.
 
     Raises:
         ValueError: the trace names a request the records do not have.
