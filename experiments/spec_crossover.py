@@ -13,9 +13,11 @@ the smallest B at which speculation is slower than plain decoding.
 
 Drafters: ``ngram`` (model-free: drafting costs nothing on the GPU) and ``draft_0.5b`` (a
 Qwen2.5-0.5B draft model: each draft position costs one decode step of the 0.5B shape over the
-batch, from its engine-fitted cost model). Verification is priced by the 7B cost model as
-prefill chunks of k + 1 tokens over the context (``simulator.verification_cost``): it is *not
-yet measured* on the engine. Writes ``sim.json`` (every run) and ``table.md``.
+batch, from its engine-fitted cost model). Verification is priced by the 7B cost model as the
+engine runs it by default, k + 1 decode rows per verifying request, plus the host terms per
+verification step and per verifying request that ``experiments.spec_verify_fit`` fitted to the
+engine's measured runs (``--verify-fit``, its ``verify_fit.json``; ``simulator.verification_cost``).
+Writes ``sim.json`` (every run) and ``table.md``.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from horizon.request import Request
 from horizon.scheduler_config import SchedulerConfig
 from horizon.speculation import SpeculationConfig, expected_tokens
 from simulator import Simulation, gpu_spec, make_cost_model
-from simulator.verification_cost import DraftCost
+from simulator.verification_cost import DraftCost, VerifyCost
 
 REPO = Path(__file__).resolve().parents[1]
 KS = tuple(range(1, 9))
@@ -43,9 +45,10 @@ BATCHES = tuple(2**i for i in range(9))
 ALPHAS = (0.5, 0.7, 0.9)
 PROMPT = 512
 LABEL = (
-    "simulated, stated acceptance, verification priced as prefill chunks "
-    "(not yet measured on the engine)"
+    "simulated, stated acceptance, verification as expanded decode rows with host terms "
+    "fitted to the engine's speculative runs (experiments.spec_verify_fit)"
 )
+VERIFY_FIT = REPO / "results" / "spec_crossover" / "verify_fit.json"
 CALIBRATION = {
     "qwen2.5-7b": "calibration/h200_qwen2.5-7b_online.csv.gz",
     "qwen2.5-0.5b": "calibration/h200_qwen2.5-0.5b_online.csv.gz",
@@ -73,7 +76,14 @@ def _draft_cost(drafter: str, batch: int, draft_model) -> DraftCost:  # noqa: AN
     return DraftCost("model", per_position_s=draft_model.step_time(plan))
 
 
-def _run(batch: int, spec: SpeculationConfig | None, alpha: float, cost, draft) -> dict:  # noqa: ANN001
+def _run(  # noqa: PLR0913
+    batch: int,
+    spec: SpeculationConfig | None,
+    alpha: float,
+    cost,  # noqa: ANN001
+    draft: DraftCost | None,
+    verify: VerifyCost | None = None,
+) -> dict:
     shape = model_shape("qwen2.5-7b")
     cfg = SchedulerConfig(
         num_blocks=shape.kv_blocks(gpu_spec("H200").memory_bytes, 0.9, 16),
@@ -89,12 +99,14 @@ def _run(batch: int, spec: SpeculationConfig | None, alpha: float, cost, draft) 
         arrivals_at_step_boundaries=True,
         acceptance=AcceptanceModel.geometric(alpha, seed=0),
         draft_cost=draft,
+        verify_cost=verify,
     )
     rec = sim.run()
     makespan = float(rec.step_end[-1])
     tokens = int(rec.num_output_tokens.sum())
     s = sim.scheduler
     return {
+        "makespan_s": makespan,
         "tokens_per_s": tokens / makespan,
         "mean_tpot_ms": 1e3 * float(tpot(rec).mean()),
         "tokens_per_step": tokens / len(rec.step_end),
@@ -102,7 +114,18 @@ def _run(batch: int, spec: SpeculationConfig | None, alpha: float, cost, draft) 
     }
 
 
-def simulate() -> dict:
+def load_verify(path: str | Path) -> VerifyCost:
+    """The fitted verification pricing of a ``verify_fit.json``."""
+    p = Path(path)
+    if not p.exists():
+        raise FileNotFoundError(
+            f"--verify-fit: {p} not found (python -m experiments.spec_verify_fit)"
+        )
+    t = json.loads(p.read_text())["terms"]
+    return VerifyCost(t["shape"], t["per_step_s"], t["per_verify_s"], source=str(p.name))
+
+
+def simulate(verify: VerifyCost) -> dict:
     """Every run of the grid (module docstring), with its plain-decoding baseline."""
     cost, draft_model = _cost("qwen2.5-7b"), _cost("qwen2.5-0.5b")
     plain = {b: _run(b, None, 0.5, cost, None) for b in BATCHES}
@@ -113,13 +136,17 @@ def simulate() -> dict:
                 draft = _draft_cost(drafter, b, draft_model)
                 for k in KS:
                     spec = SpeculationConfig(policy="fixed", num_draft_tokens=k)
-                    row = _run(b, spec, alpha, cost, draft)
+                    row = _run(b, spec, alpha, cost, draft, verify)
                     base = plain[b]
                     row.update(drafter=drafter, alpha=alpha, batch=b, k=k)
                     row["speedup"] = row["tokens_per_s"] / base["tokens_per_s"]
                     row["tpot_ratio"] = row["mean_tpot_ms"] / base["mean_tpot_ms"]
                     rows.append(row)
-    return {"label": LABEL, "conditions": _conditions(), "plain": plain, "runs": rows}
+    conditions = _conditions() | {
+        "verification": f"{verify.shape}, {1e3 * verify.per_step_s:.3f} ms per step, "
+        f"{1e3 * verify.per_verify_s:.4f} ms per verifying request ({verify.source})"
+    }
+    return {"label": LABEL, "conditions": conditions, "plain": plain, "runs": rows}
 
 
 def _conditions() -> dict:
@@ -184,11 +211,12 @@ def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--simulate", action="store_true", help="run the simulator's grid")
     ap.add_argument("--out", default=str(REPO / "results" / "spec_crossover"))
+    ap.add_argument("--verify-fit", default=str(VERIFY_FIT), help="a spec_verify_fit JSON")
     args = ap.parse_args(argv)
     if not args.simulate:
         ap.error("only --simulate exists so far (the engine's grid is to come)")
     t0 = time.perf_counter()
-    report = simulate()
+    report = simulate(load_verify(args.verify_fit))
     report["wall_s"] = round(time.perf_counter() - t0, 1)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -43,7 +43,7 @@ from horizon.scheduler_config import SchedulerConfig
 from horizon.serving_loop import serve
 from simulator.backend import SimBackend
 from simulator.cost_model import CostModel
-from simulator.verification_cost import DraftCost, SpeculativeCostModel
+from simulator.verification_cost import DraftCost, SpeculativeCostModel, VerifyCost
 
 
 class Simulation:
@@ -62,8 +62,10 @@ class Simulation:
         acceptance: with speculation on (``config.speculation``), the stated acceptance model
             that decides how many drafts each verification accepts (required then).
         draft_cost: with speculation on, what drafting costs per step (default: model-free,
-            0); verification is priced by ``cost_model`` as prefill chunks
-            (``simulator.verification_cost``).
+            0).
+        verify_cost: with speculation on, the shape ``cost_model`` prices verification steps
+            in and their fitted host terms (default: expanded decode rows, as the engine runs
+            them by default, no host terms; ``simulator.verification_cost``).
     """
 
     def __init__(
@@ -78,6 +80,7 @@ class Simulation:
         pipelined: bool = False,
         acceptance: AcceptanceModel | None = None,
         draft_cost: DraftCost | None = None,
+        verify_cost: VerifyCost | None = None,
     ) -> None:
         if config.speculation is not None:
             if acceptance is None:
@@ -85,7 +88,7 @@ class Simulation:
                     "Simulation.acceptance: SchedulerConfig.speculation is set, so an "
                     "acceptance model is needed (horizon.acceptance.AcceptanceModel)"
                 )
-            cost_model = SpeculativeCostModel(cost_model, draft_cost)
+            cost_model = SpeculativeCostModel(cost_model, draft_cost, verify_cost)
         if max_time is not None and not (math.isfinite(max_time) and max_time > 0):
             raise ValueError(f"max_time must be a finite number > 0, got {max_time!r}")
         self.env = simpy.Environment()

@@ -1,13 +1,24 @@
-"""What a speculative step costs in the simulator: verification priced by any cost model, plus
-the drafter's cost.
+"""What a speculative step costs in the simulator: verification priced by any cost model in the
+shape the engine runs it, plus fitted host terms, plus the drafter's cost.
 
-Verification. A verify of ``k`` drafts computes ``k + 1`` query tokens over the request's
-context in one target forward, as a prefill chunk of ``k + 1`` tokens does (the engine runs both
-through its ragged attention). Until the engine measures verification steps, every existing
-cost model (roofline, fitted, engine_fitted) prices them exactly so: ``as_prefill_chunks``
-turns each verify into a chunk of ``k + 1`` tokens at its context (prefill tokens, chunk count,
-KV length at the chunk's end and causal attention pairs), and the wrapped model prices that
-plan. A step of verifies alone is then priced as a mixed step, not as a decode graph.
+Verification (``VerifyCost``). A verify of ``k`` drafts computes ``k + 1`` query tokens over the
+request's context in one target forward. The engine runs it in one of two shapes, and the
+simulator prices the plan the wrapped cost model sees in the same shape:
+
+* ``decode_rows`` (the engine's default, ``EngineConfig.verify_as_decode``): a step of decodes
+  and verifications without prefill chunks runs as an expanded decode step, ``k + 1`` decode
+  rows per verifying request, row ``i`` reading the context up to position ``C + i``
+  (``as_decode_rows``: the decodes grow by the rows, the decode context by their contexts).
+  A step that carries chunks, or more rows than the cost model's largest decode batch
+  (``max_num_seqs``, where it has one), takes the mixed path, as on the engine;
+* ``prefill_chunks`` (the mixed path, ``verify_as_decode`` off): each verify is a chunk of
+  ``k + 1`` tokens at its context (``as_prefill_chunks``: prefill tokens, chunk count, KV
+  length at the chunk's end, causal attention pairs).
+
+``per_step_s`` and ``per_verify_s`` add the host work the plan's shape does not carry: a
+verification step is serial on the engine (the pipelined loop's overlap is lost) and judges
+every verifying request's drafts. They are fitted to measured verification steps
+(``experiments.spec_verify_fit``); 0 by default.
 
 Drafting. ``DraftCost``: model-free drafting (n-gram / prompt lookup) costs ~0 on the GPU;
 a draft model costs ``per_position_s`` per draft position (its forwards over the batch run one
@@ -39,11 +50,54 @@ class DraftCost:
                 raise ValueError(f"DraftCost.{name} must be a number >= 0 seconds, got {v!r}")
 
     def step_time(self, plan: StepPlan) -> float:
+        """Seconds of drafting for ``plan`` (0 without verifies)."""
         if not plan.verifies or (self.per_token_s == 0 and self.per_position_s == 0):
             return 0.0
         drafts = plan.num_verify_tokens - len(plan.verifies)
         deepest = max(k for _, k in plan.verifies)
         return self.per_token_s * drafts + self.per_position_s * deepest
+
+
+VERIFY_SHAPES = ("decode_rows", "prefill_chunks")
+
+
+@dataclass(frozen=True)
+class VerifyCost:
+    """How a step that verifies is priced (module docstring). ``source``: where the two host
+    terms were fitted (free text, for reports)."""
+
+    shape: str = "decode_rows"
+    per_step_s: float = 0.0
+    per_verify_s: float = 0.0
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        if self.shape not in VERIFY_SHAPES:
+            raise ValueError(f"VerifyCost.shape must be one of {VERIFY_SHAPES}, got {self.shape!r}")
+        for name in ("per_step_s", "per_verify_s"):
+            v = getattr(self, name)
+            if not isinstance(v, (int, float)) or not v >= 0:
+                raise ValueError(f"VerifyCost.{name} must be a number >= 0 seconds, got {v!r}")
+
+    def host_time(self, plan: StepPlan) -> float:
+        """The fitted host terms of a plan that verifies."""
+        return self.per_step_s + self.per_verify_s * len(plan.verifies)
+
+
+def as_decode_rows(plan: StepPlan) -> StepPlan:
+    """``plan`` with each verify ``(request, k)`` as ``k + 1`` decode rows (the request repeated),
+    row ``i`` over ``C + i`` context tokens (``C``: its computed tokens; a decode reads its
+    computed tokens, ``Scheduler``'s convention): the expanded decode step's shape."""
+    if not plan.verifies:
+        return plan
+    rows = tuple(r for r, k in plan.verifies for _ in range(k + 1))
+    context = plan.verify_attention_pairs - plan.num_verify_tokens
+    return replace(
+        plan,
+        decodes=plan.decodes + rows,
+        decode_context_tokens=plan.decode_context_tokens + context,
+        verifies=(),
+    )
 
 
 def as_prefill_chunks(plan: StepPlan) -> StepPlan:
@@ -62,17 +116,31 @@ def as_prefill_chunks(plan: StepPlan) -> StepPlan:
 
 
 class SpeculativeCostModel:
-    """``base`` prices a plan with its verifies as prefill chunks; ``draft`` adds drafting.
-    Pure when ``base`` is; a plan without verifies costs exactly what ``base`` says."""
+    """``base`` prices a plan with its verifies in ``verify``'s shape, plus ``verify``'s host
+    terms and ``draft``'s drafting. Pure when ``base`` is; a plan without verifies costs exactly
+    what ``base`` says."""
 
-    def __init__(self, base: CostModel, draft: DraftCost | None = None) -> None:
+    def __init__(
+        self, base: CostModel, draft: DraftCost | None = None, verify: VerifyCost | None = None
+    ) -> None:
         self.base = base
         self.draft = draft or DraftCost()
+        self.verify = verify or VerifyCost()
+        self._max_rows = getattr(base, "max_num_seqs", None)
         wake = getattr(base, "wake_delay", None)
         if wake is not None:  # the backend looks the method up by name
             self.wake_delay = wake
 
+    def shaped(self, plan: StepPlan) -> StepPlan:
+        """The plan ``base`` prices for ``plan`` (its verifies as rows or as chunks)."""
+        if self.verify.shape == "decode_rows" and not plan.prefills:
+            rows = len(plan.decodes) + plan.num_verify_tokens
+            if self._max_rows is None or rows <= self._max_rows:
+                return as_decode_rows(plan)
+        return as_prefill_chunks(plan)
+
     def step_time(self, plan: StepPlan) -> float:
         if not plan.verifies:
             return self.base.step_time(plan)
-        return self.base.step_time(as_prefill_chunks(plan)) + self.draft.step_time(plan)
+        shaped = self.base.step_time(self.shaped(plan))
+        return shaped + self.verify.host_time(plan) + self.draft.step_time(plan)

@@ -1,5 +1,5 @@
 """Speculative decoding in the simulator: the stated acceptance model, verification priced as
-prefill chunks, drafting costs, and records unchanged with speculation off."""
+decode rows or prefill chunks, drafting costs, and records unchanged with speculation off."""
 
 from __future__ import annotations
 
@@ -17,7 +17,13 @@ from horizon.request import Request
 from horizon.scheduler_config import SchedulerConfig
 from horizon.speculation import SpeculationConfig, expected_tokens
 from simulator import Simulation, gpu_spec, make_cost_model
-from simulator.verification_cost import DraftCost, SpeculativeCostModel, as_prefill_chunks
+from simulator.verification_cost import (
+    DraftCost,
+    SpeculativeCostModel,
+    VerifyCost,
+    as_decode_rows,
+    as_prefill_chunks,
+)
 
 SHAPE, GPU = model_shape("qwen2.5-7b"), gpu_spec("H200")
 ROOF = make_cost_model("roofline", shape=SHAPE, gpu=GPU)
@@ -132,14 +138,68 @@ def test_verification_is_priced_as_a_prefill_chunk_over_its_context():
     assert chunks.verifies == () and len(chunks.prefills) == 1 and chunks.prefills[0][1] == 5
     assert (chunks.num_prefill_tokens, chunks.prefill_context_tokens) == (5, 105)
     assert chunks.prefill_attention_pairs == 515
-    priced = SpeculativeCostModel(ROOF)
+    priced = SpeculativeCostModel(ROOF, verify=VerifyCost("prefill_chunks"))
     assert priced.step_time(plan) == ROOF.step_time(chunks)
     plain = StepPlan(step=0, time=0.0, decodes=plan.decodes, prefills=(), decode_context_tokens=10)
     assert priced.step_time(plain) == ROOF.step_time(plain)
-    drafted = SpeculativeCostModel(ROOF, DraftCost("model", per_token_s=1e-4, per_position_s=1e-3))
+    drafted = SpeculativeCostModel(
+        ROOF,
+        DraftCost("model", per_token_s=1e-4, per_position_s=1e-3),
+        VerifyCost("prefill_chunks"),
+    )
     assert drafted.step_time(plan) == pytest.approx(ROOF.step_time(chunks) + 4e-4 + 4e-3)
     with pytest.raises(ValueError, match="DraftCost.drafter"):
         DraftCost("eagle")
+
+
+def test_verification_as_decode_rows_reads_each_rows_context():
+    """The default shape: a verify of k drafts at C computed tokens is k + 1 decode rows over
+    C, C + 1, ..., C + k tokens; the host terms add per step and per verifying request."""
+    plan = _verify_plan()
+    rows = as_decode_rows(plan)
+    assert rows.verifies == () and rows.prefills == ()
+    assert len(rows.decodes) == 1 + 5
+    assert rows.decode_context_tokens == 10 + sum(100 + i for i in range(5))
+    priced = SpeculativeCostModel(ROOF)  # decode_rows is the default
+    assert priced.step_time(plan) == ROOF.step_time(rows)
+    hosted = SpeculativeCostModel(ROOF, verify=VerifyCost(per_step_s=1e-3, per_verify_s=2e-4))
+    assert hosted.step_time(plan) == pytest.approx(ROOF.step_time(rows) + 1e-3 + 2e-4)
+    plain = StepPlan(step=0, time=0.0, decodes=plan.decodes, prefills=(), decode_context_tokens=10)
+    assert hosted.step_time(plain) == ROOF.step_time(plain)  # no verifies: no host terms
+    with pytest.raises(ValueError, match="VerifyCost.shape"):
+        VerifyCost("tree")
+    with pytest.raises(ValueError, match="VerifyCost.per_verify_s"):
+        VerifyCost(per_verify_s=-1e-3)
+
+
+def test_a_step_with_chunks_or_past_the_largest_decode_graph_takes_the_mixed_path():
+    """As on the engine: chunks in the step, or more rows than the cost model's decode
+    graphs cover, price the verifies as chunks."""
+    cost = _cost("engine_fitted")
+    spec = SpeculativeCostModel(cost)
+    plan = _verify_plan()
+    assert spec.shaped(plan).decodes == as_decode_rows(plan).decodes
+    p = Request(5, 0.0, 64, 4, 4)
+    mixed = StepPlan(
+        step=3,
+        time=0.0,
+        decodes=plan.decodes,
+        prefills=((p, 64),),
+        num_prefill_tokens=64,
+        decode_context_tokens=10,
+        prefill_context_tokens=64,
+        prefill_attention_pairs=64 * 65 // 2,
+        verifies=plan.verifies,
+    )
+    assert spec.step_time(mixed) == cost.step_time(as_prefill_chunks(mixed))
+    many = tuple(Request(10 + i, 0.0, 50, 4, 4) for i in range(cost.max_num_seqs // 4))
+    for r in many:
+        r.advance(50)
+    wide = StepPlan(step=3, time=0.0, decodes=(), prefills=(), verifies=tuple((r, 4) for r in many))
+    assert wide.num_verify_tokens > cost.max_num_seqs
+    assert spec.step_time(wide) == cost.step_time(as_prefill_chunks(wide))
+    narrow = StepPlan(step=3, time=0.0, decodes=(), prefills=(), verifies=wide.verifies[:8])
+    assert spec.step_time(narrow) == cost.step_time(as_decode_rows(narrow))
 
 
 def test_a_simulation_with_speculation_needs_an_acceptance_model():

@@ -1,0 +1,55 @@
+"""experiments.spec_verify_fit: the host terms of verification steps recovered from runs made
+with known terms, and the crossover read from the cells."""
+
+from __future__ import annotations
+
+import pytest
+
+from experiments import spec_verify_fit as vf
+
+
+def _cells() -> list[dict]:
+    return [
+        {"set": "fit", "drafter": "ngram", "alpha": 0.7, "batch": b, "k": k}
+        for b in (1, 2, 4)
+        for k in (1, 2, 4)
+    ]
+
+
+def test_the_fit_recovers_the_terms_an_engine_with_them_would_show():
+    """An 'engine' 1.3x slower than the simulator on every step, with 0.4 ms per verification
+    step and 0.05 ms per verifying request on top: the plain calibration removes the 1.3x and
+    the fit finds the two terms."""
+    cells = _cells()
+    vf.simulate_cells(cells)
+    for c in cells:
+        assert c["verify_steps"] > 0 and c["verifies"] >= c["verify_steps"]
+        truth = c["sim_rows_s"] + 4e-4 * c["verify_steps"] + 5e-5 * c["verifies"]
+        c["wall_s"], c["plain_wall_s"] = 1.3 * truth, 1.3 * c["sim_plain_s"]
+        c["speedup"] = c["plain_wall_s"] / c["wall_s"]
+    per_step, per_verify = vf.fit_terms(cells)
+    assert per_step == pytest.approx(4e-4, rel=1e-6)
+    assert per_verify == pytest.approx(5e-5, rel=1e-5)
+    vf.speedups(cells, per_step, per_verify)
+    for c in cells:
+        assert c["sim_fitted_speedup"] == pytest.approx(c["speedup"], rel=1e-6)
+        assert c["sim_rows_speedup"] > c["sim_fitted_speedup"]  # the terms only add time
+
+
+def test_terms_that_would_be_negative_are_dropped():
+    """An 'engine' faster than the decode-row price: no term can explain it, both are 0."""
+    cells = _cells()
+    vf.simulate_cells(cells)
+    for c in cells:
+        c["wall_s"], c["plain_wall_s"] = 0.8 * c["sim_rows_s"], c["sim_plain_s"]
+    assert vf.fit_terms(cells) == (0.0, 0.0)
+
+
+def test_the_crossover_is_the_first_batch_slower_than_plain():
+    cells = [
+        {"set": "fit", "drafter": "ngram", "alpha": 0.7, "batch": b, "k": 4, "speedup": s}
+        | {f"sim_{v}_speedup": t for v in vf.VARIANTS}
+        for b, s, t in ((1, 2.0, 2.1), (4, 1.2, 0.9), (16, 0.9, 0.8))
+    ]
+    out = vf.summary(cells)["crossover"]["ngram alpha=0.7 k=4"]
+    assert (out["engine"], out["rows"], out["batches"]) == (16, 4, [1, 4, 16])
