@@ -27,6 +27,7 @@ import json
 import time
 from pathlib import Path
 
+from experiments import compact_json
 from experiments.report_template import table
 from horizon.acceptance import AcceptanceModel
 from horizon.metrics.latency import tpot
@@ -220,7 +221,7 @@ def main(argv: list[str] | None = None) -> dict:
     report["wall_s"] = round(time.perf_counter() - t0, 1)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "sim.json").write_text(json.dumps(report, indent=1, sort_keys=True) + "\n")
+    (out / "sim.json").write_text(compact_json.dumps(report))
     (out / "table.md").write_text(render(report))
     print(f"{len(report['runs'])} runs in {report['wall_s']} s -> {out}")
     return report

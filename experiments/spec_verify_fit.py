@@ -30,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
+from experiments import compact_json
 from experiments import spec_crossover as sc
 from experiments.report_template import table
 from horizon.speculation import SpeculationConfig
@@ -194,7 +195,7 @@ def main(argv: list[str] | None = None) -> dict:
     }
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "verify_fit.json").write_text(json.dumps(report, indent=1, sort_keys=True) + "\n")
+    (out / "verify_fit.json").write_text(compact_json.dumps(report))
     (out / "verify_fit.md").write_text(render(report))
     print(render(report))
     return report
