@@ -160,7 +160,7 @@ def main(out: str = "results/lowo", noise_seeds: tuple[int, ...] = NOISE_SEEDS) 
         doc.setdefault("grids", {})[model] = GRIDS[model]
     doc["summary"] = summaries(doc)
     Path(out).mkdir(parents=True, exist_ok=True)
-    (Path(out) / "lowo.json").write_text(json.dumps(doc, indent=1) + "\n")
+    (Path(out) / "lowo.json").write_text(json.dumps(doc, separators=(",", ":")) + "\n")
     text = table(doc)
     (Path(out) / "table.md").write_text(text)
     print(text)

@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> dict:
     (out / "settings").mkdir(parents=True, exist_ok=True)
     for setting in args.setting or list(SETTINGS):
         result = measure(setting, plan, args.jobs, args.override, only)
-        (out / "settings" / f"{setting}.json").write_text(json.dumps(result, indent=1))
+        (out / "settings" / f"{setting}.json").write_text(json.dumps(result, separators=(",", ":")))
     from experiments.gain_report import write_report
 
     combined = write_report(out)
