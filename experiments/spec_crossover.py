@@ -13,8 +13,8 @@ the smallest B at which speculation is slower than plain decoding.
 
 Drafters: ``ngram`` (model-free: drafting costs nothing on the GPU) and ``draft_0.5b`` (a
 Qwen2.5-0.5B draft model: each draft position costs one decode step of the 0.5B shape over the
-batch, from its engine-fitted cost model, times the paged drafter's measured overhead
-over that step, ``draft_overhead``). Verification is priced by the 7B cost model as the
+batch, from its engine-fitted cost model, plus the paged drafter's measured fixed cost per
+proposal, ``draft_fixed_s``). Verification is priced by the 7B cost model as the
 engine runs it by default, k + 1 decode rows per verifying request, plus the host terms per
 verification step and per verifying request that ``experiments.spec_verify_fit`` fitted to the
 engine's measured runs (``--verify-fit``, its ``verify_fit.json``; ``simulator.verification_cost``).
@@ -54,7 +54,8 @@ LABEL = (
     "fitted to the engine's speculative runs (experiments.spec_verify_fit)"
 )
 VERIFY_FIT = REPO / "results" / "spec_crossover" / "verify_fit.json"
-DRAFT_BENCH = REPO / "results" / "spec_bench" / "spec7b_draft.json"
+DRAFT_BENCH = REPO / "results" / "spec_bench"
+DRAFTER = "draft:qwen2.5-0.5b"  # the spec_bench drafter whose measured costs draft_0.5b takes
 CALIBRATION = {
     "qwen2.5-7b": "calibration/h200_qwen2.5-7b_online.csv.gz",
     "qwen2.5-0.5b": "calibration/h200_qwen2.5-0.5b_online.csv.gz",
@@ -72,30 +73,43 @@ def _cost(shape: str):  # noqa: ANN202
     )
 
 
-def draft_overhead(batch: int, path: Path = DRAFT_BENCH) -> float:
-    """The paged drafter's measured cost per draft position over the 0.5B engine's decode step
-    at the same batch (``executor.spec_bench --draft-cost``: its ``draft_cost`` rows, 1.06x at
-    batch 1 to 1.12x at 64 on the H200), interpolated in log2(batch), held beyond the measured
-    batches; 1.0 without the file."""
-    if not path.exists():
-        return 1.0
-    rows = json.loads(path.read_text()).get("draft_cost") or []
-    pts = sorted((math.log2(r["batch"]), r["paged_x_engine_step"]) for r in rows)
+def draft_fixed_s(batch: int, directory: Path = DRAFT_BENCH) -> float:
+    """The paged drafter's fixed cost per proposal at ``batch``, in seconds: per measured batch,
+    the intercept of its measured proposal time (``executor.spec_bench --draft-cost``'s
+    ``draft_cost`` rows: ms per position x k) against k over the files of k 1, 2, 4 and 8
+    (their slope is the draft model's engine decode step within 1%), of the runs of
+    ``DRAFTER``, interpolated in
+    log2(batch), held beyond the measured batches; 0 without measurements."""
+    runs = [json.loads(f.read_text()) for f in sorted(directory.glob("*.json"))]
+    rows = [
+        r
+        for run in runs
+        if run.get("args", {}).get("drafter") == DRAFTER
+        for r in run.get("draft_cost") or []
+    ]
+    pts = []
+    for b in sorted({r["batch"] for r in rows}):
+        sel = [r for r in rows if r["batch"] == b]
+        if len({r["k"] for r in sel}) < 2:
+            continue
+        k = np.array([r["k"] for r in sel], dtype=float)
+        total = np.array([r["paged_ms_per_position"] for r in sel]) * k
+        pts.append((math.log2(b), max(0.0, float(np.polyfit(k, total, 1)[1]) * 1e-3)))
     if not pts:
-        return 1.0
+        return 0.0
     return float(np.interp(math.log2(batch), [x for x, _ in pts], [y for _, y in pts]))
 
 
 def _draft_cost(drafter: str, batch: int, draft_model) -> DraftCost:  # noqa: ANN001
     """``ngram``: free. ``draft_0.5b``: per draft position, one 0.5B decode step of the batch
-    over its mean context (prompt plus half the mean output), times the paged drafter's
-    measured overhead over that step (``draft_overhead``)."""
+    over its mean context (prompt plus half the mean output); per drafting step, the paged
+    drafter's measured fixed cost (``draft_fixed_s``)."""
     if drafter == "ngram":
         return DraftCost("ngram")
     dummy = tuple(Request(i, 0.0, 1, 1, 1) for i in range(batch))
     plan = StepPlan(0, 0.0, dummy, (), decode_context_tokens=batch * (PROMPT + 128))
-    per_position = draft_model.step_time(plan) * draft_overhead(batch)
-    return DraftCost("model", per_position_s=per_position)
+    per_position = draft_model.step_time(plan)
+    return DraftCost("model", per_position_s=per_position, per_step_s=draft_fixed_s(batch))
 
 
 def _run(  # noqa: PLR0913
@@ -177,8 +191,8 @@ def _conditions() -> dict:
         "gpu": "H200",
         "cost_model": CALIBRATION["qwen2.5-7b"] + " (engine_fitted, engine loop)",
         "draft_model_cost": CALIBRATION["qwen2.5-0.5b"] + " (0.5B decode step per position, "
-        "times the paged drafter's measured overhead over it: results/spec_bench/"
-        "spec7b_draft.json draft_cost, 1.06x at batch 1 to 1.12x at 64)",
+        "plus the paged drafter's measured fixed cost per proposal: results/spec_bench "
+        "draft_cost rows at k 1-8, 0.45 ms at batch 1 to 1.04 ms at 64)",
         "acceptance": "geometric: draft i accepted with prob alpha given 1..i-1 (seed 0)",
         "workload": f"2B+6 requests, prompt {PROMPT}, output 128..383, all at t=0, "
         "max_num_seqs=B (continuous refill), policy fcfs, speculation policy fixed",

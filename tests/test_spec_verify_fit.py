@@ -53,3 +53,27 @@ def test_the_crossover_is_the_first_batch_slower_than_plain():
     ]
     out = vf.summary(cells)["crossover"]["ngram alpha=0.7 k=4"]
     assert (out["engine"], out["rows"], out["batches"]) == (16, 4, [1, 4, 16])
+
+
+def test_the_drafters_fixed_cost_is_the_intercept_of_its_proposal_time_against_k(tmp_path):
+    """Proposals costing 0.3 ms + k x 1.1 ms at batch 1 and 0.9 + k x 1.3 at 64: the fixed part
+    is found per batch and interpolated in log2(batch); another drafter's file is ignored."""
+    import json
+
+    from experiments.spec_crossover import DRAFTER, draft_fixed_s
+
+    def rows(fixed, step, b):
+        return [{"batch": b, "k": k, "paged_ms_per_position": (fixed + k * step) / k}
+                for k in (1, 2, 4, 8)]  # fmt: skip
+
+    run = {"args": {"drafter": DRAFTER}, "draft_cost": rows(0.3, 1.1, 1) + rows(0.9, 1.3, 64)}
+    (tmp_path / "a.json").write_text(json.dumps(run))
+    other = {"args": {"drafter": "draft:other"}, "draft_cost": rows(50.0, 1.0, 1)}
+    (tmp_path / "b.json").write_text(json.dumps(other))
+    assert draft_fixed_s(1, tmp_path) == pytest.approx(0.3e-3)
+    assert draft_fixed_s(64, tmp_path) == pytest.approx(0.9e-3)
+    assert draft_fixed_s(8, tmp_path) == pytest.approx(0.6e-3)  # half way in log2
+    assert draft_fixed_s(256, tmp_path) == pytest.approx(0.9e-3)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert draft_fixed_s(4, empty) == 0.0  # nothing measured: no fixed cost

@@ -148,8 +148,13 @@ def test_verification_is_priced_as_a_prefill_chunk_over_its_context():
         VerifyCost("prefill_chunks"),
     )
     assert drafted.step_time(plan) == pytest.approx(ROOF.step_time(chunks) + 4e-4 + 4e-3)
+    fixed = DraftCost("model", per_position_s=1e-3, per_step_s=5e-4)
+    assert fixed.step_time(plan) == pytest.approx(5e-4 + 4e-3)
+    assert fixed.step_time(plain) == 0.0
     with pytest.raises(ValueError, match="DraftCost.drafter"):
         DraftCost("eagle")
+    with pytest.raises(ValueError, match="DraftCost.per_step_s"):
+        DraftCost("model", per_step_s=-1.0)
 
 
 def test_verification_as_decode_rows_reads_each_rows_context():
