@@ -9,8 +9,10 @@ simulator prices the plan the wrapped cost model sees in the same shape:
   and verifications without prefill chunks runs as an expanded decode step, ``k + 1`` decode
   rows per verifying request, row ``i`` reading the context up to position ``C + i``
   (``as_decode_rows``: the decodes grow by the rows, the decode context by their contexts).
-  A step that carries chunks, or more rows than the cost model's largest decode batch
-  (``max_num_seqs``, where it has one), takes the mixed path, as on the engine;
+  A step that carries chunks takes the mixed path, as on the engine. A step with more rows
+  than the cost model's largest decode batch (``max_num_seqs``, where it has one) is priced
+  as chunks too: the engine still runs it as decode rows (its row buckets go on up to the
+  token budget), but the model has no decode price past its calibrated graphs;
 * ``prefill_chunks`` (the mixed path, ``verify_as_decode`` off): each verify is a chunk of
   ``k + 1`` tokens at its context (``as_prefill_chunks``: prefill tokens, chunk count, KV
   length at the chunk's end, causal attention pairs).

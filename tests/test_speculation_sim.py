@@ -178,8 +178,8 @@ def test_verification_as_decode_rows_reads_each_rows_context():
 
 
 def test_a_step_with_chunks_or_past_the_largest_decode_graph_takes_the_mixed_path():
-    """As on the engine: chunks in the step, or more rows than the cost model's decode
-    graphs cover, price the verifies as chunks."""
+    """Chunks in the step (the engine's mixed path), or more rows than the cost model's
+    decode graphs cover (no decode price there), price the verifies as chunks."""
     cost = _cost("engine_fitted")
     spec = SpeculativeCostModel(cost)
     plan = _verify_plan()
