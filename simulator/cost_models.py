@@ -1,5 +1,5 @@
 """Cost models by name: roofline, fitted (profiler grid), engine_fitted and physical (online
-steps)."""
+steps), tensor_parallel (a TP group's roofline and all-reduces)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from simulator.cost_model_artifact import load_fitted, load_physical
 from simulator.engine_cost_model import read_steps
 from simulator.fitted_cost_model import FittedCostModel
 from simulator.gpu import GpuSpec
+from simulator.tp_cost_model import TensorParallelCostModel
 
 HORIZON_ROOT = Path(__file__).resolve().parents[1]  # the checkout: calibration/ lives here
 
@@ -40,6 +41,7 @@ def _builtin() -> Registry[CostModel]:
     reg.register("fitted", _fitted)
     reg.register("engine_fitted", _engine_fitted)
     reg.register("physical", physical)
+    reg.register("tensor_parallel", TensorParallelCostModel)  # options: shape, gpu, world, link
     return reg
 
 
