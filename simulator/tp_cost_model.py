@@ -89,10 +89,11 @@ def ring_factor(world: int) -> float:
 class TensorParallelCostModel:
     """``step_time(plan)`` of a TP group of ``world`` GPUs ``gpu`` running ``shape``.
 
-    Contracts: pure in the plan's shape; 0 for an empty plan, else > 0; at ``world`` 1 with unit scales equal
-    to ``RooflineCostModel(shape, gpu, overhead_s, dtype_bytes)``. ``link``: a ``LinkSpec``
-    or a ``simulator.kv_link`` preset's name. Raises ValueError naming the field for a world
-    that does not split the shape, a negative coefficient or latency, an unknown link.
+    Contracts: pure in the plan's shape; 0 for an empty plan, else > 0; at ``world`` 1 with
+    unit scales equal to ``RooflineCostModel(shape, gpu, overhead_s, dtype_bytes)``.
+    ``link``: a ``LinkSpec`` or a ``simulator.kv_link`` preset's name. Raises ValueError
+    naming the field for a world that does not split the shape, a negative coefficient or
+    latency, an unknown link.
     """
 
     shape: ModelShape
