@@ -9,7 +9,8 @@ with the engine's loop (``backend=sim_engine``: a step planned while the previou
 arrivals queued between steps). ``--speculation K``: every decoding request verifies ``K``
 n-gram drafts per step (``fixed`` policy), each accepted with probability ``--alpha`` given
 the ones before it (``horizon.acceptance``, seeded); the load is then a fraction of the
-speculating engine's own measured capacity.
+speculating engine's own measured capacity. The scheduler draws those acceptances ahead
+(``horizon.drawn_speculation``), so speculating steps stay event-driven.
 
 Capacity is measured, not assumed: a saturated probe (every request at t=0) gives the
 completed requests per simulated second. The same run is timed ``--repeat`` times (fresh

@@ -26,6 +26,14 @@ from horizon.request import Request
 
 _M1, _M2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_MASK = 0xFFFFFFFFFFFFFFFF
+
+
+def _mix_int(x: int) -> int:
+    """``_mix`` of one uint64, in Python ints."""
+    x = ((x ^ (x >> 30)) * int(_M1)) & _MASK
+    x = ((x ^ (x >> 27)) * int(_M2)) & _MASK
+    return x ^ (x >> 31)
 
 
 def _mix(x: np.ndarray) -> np.ndarray:
@@ -104,10 +112,55 @@ class AcceptanceModel:
         ids = np.fromiter((r.request_id for r, _ in verifies), np.uint64, n)
         pos = np.fromiter((r.num_output_tokens for r, _ in verifies), np.uint64, n)
         ks = np.fromiter((k for _, k in verifies), np.int64, n)
+        return np.minimum(self._hits(self._uniforms(ids, pos), int(ks.max())), ks)
+
+    def hits(self, request_id: int, start: int, stop: int, kmax: int) -> np.ndarray:
+        """Drawn ahead: the accepted drafts of a verification of ``kmax`` drafts by request
+        ``request_id`` at each output position ``start .. stop - 1`` (``num_output_tokens``
+        before the step), the draws ``sample`` makes there; ``min(hits, k)`` is the draw for
+        any ``k <= kmax`` (a larger ``k`` never accepts fewer)."""
+        x = np.arange(start, max(start, stop), dtype=np.uint64)
+        return self._drawn(x, np.uint64(self._key(request_id)), kmax)
+
+    def hits_many(
+        self, request_ids: Sequence[int], lengths: Sequence[int], kmax: int
+    ) -> np.ndarray:
+        """``hits`` at positions ``0 .. lengths[i] - 1`` of each request, concatenated."""
+        n = np.asarray(lengths, dtype=np.int64)
+        total = int(n.sum())
+        starts = np.concatenate(([0], np.cumsum(n)[:-1]))
+        pos = np.arange(total, dtype=np.int64) - np.repeat(starts, n)
+        keys = np.repeat(np.array([self._key(i) for i in request_ids], dtype=np.uint64), n)
+        return self._drawn(pos.astype(np.uint64), keys, kmax)
+
+    def _key(self, request_id: int) -> int:
+        """The first mix of ``_uniforms`` for one id, in Python ints (the same wrapping uint64
+        arithmetic)."""
+        return _mix_int(((self.seed & _MASK) * int(_GOLDEN) + request_id) & _MASK)
+
+    def _drawn(self, x: np.ndarray, key: np.ndarray | np.uint64, kmax: int) -> np.ndarray:
+        """``_hits(_uniforms)`` from the positions ``x`` (overwritten) and the ids' keys, in
+        place; the hits by bisection (``survival`` never increases)."""
+        x *= _GOLDEN
+        x ^= key
+        x ^= x >> np.uint64(30)
+        x *= _M1
+        x ^= x >> np.uint64(27)
+        x *= _M2
+        x ^= x >> np.uint64(31)
+        x >>= np.uint64(11)
+        u = x.astype(np.float64)
+        u *= 1.0 / (1 << 53)
+        surv = self._survival if kmax <= len(self._survival) else self.survival(kmax)
+        return kmax - np.searchsorted(surv[:kmax][::-1], u, side="right")
+
+    def _uniforms(self, ids: np.ndarray, pos: np.ndarray) -> np.ndarray:
+        """``u`` in [0, 1) per (request id, output position): the hash of the module docstring."""
         with np.errstate(over="ignore"):
             x = _mix(np.uint64(self.seed & 0xFFFFFFFFFFFFFFFF) * _GOLDEN + ids) ^ pos * _GOLDEN
-            u = (_mix(x) >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
-        kmax = int(ks.max())
+            return (_mix(x) >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
+
+    def _hits(self, u: np.ndarray, kmax: int) -> np.ndarray:
+        """Positions ``i <= kmax`` whose all-accepted probability exceeds each ``u``."""
         surv = self._survival if kmax <= len(self._survival) else self.survival(kmax)
-        hits = (u[:, None] < surv[None, :kmax]).sum(axis=1)
-        return np.minimum(hits, ks)
+        return (u[:, None] < surv[None, :kmax]).sum(axis=1)

@@ -51,6 +51,7 @@ class KVCacheManager:
         self._registered: dict[int, int] = {}  # request id -> prompt blocks registered
         self._hashes: dict[int, list[int]] = {}  # request id -> prompt block hashes
         self._drafts: dict[int, int] = {}  # request id -> blocks of its draft tail (this step)
+        self._held: list[int] = []  # this step's blocks of drafts drawn to be rejected
 
     # -- queries -------------------------------------------------------------------------------
     def blocks_of(self, req: Request) -> Sequence[int]:
@@ -145,8 +146,43 @@ class KVCacheManager:
 
     @property
     def num_draft_tails(self) -> int:
-        """Requests holding a draft tail (between a plan and its update)."""
-        return len(self._drafts)
+        """Requests holding a draft tail, plus one if drafts' blocks are held (between a plan
+        and its update)."""
+        return len(self._drafts) + (1 if self._held else 0)
+
+    def grow_each(self, grants: Sequence[tuple[Request, int]], total: int, held: int = 0) -> None:
+        """``(request, n)``: append ``n`` fresh blocks to each running request's table (``total``
+        in all), and hold ``held`` more (``hold_drafts``), taken in one allocation that must
+        fit (the caller checked the free blocks)."""
+        got = self.pool.allocate(total + held)
+        assert got is not None, "grow_each without the free blocks"
+        tables, i = self._tables, 0
+        for r, n in grants:
+            table = tables[r.request_id]
+            if n == 1:
+                table.append(got[i])
+            else:
+                table.extend(got[i : i + n])
+            i += n
+        if held:
+            self._held.extend(got[total:])
+
+    def hold_drafts(self, n: int) -> None:
+        """Take ``n`` fresh blocks for this step's drafts that are drawn to be rejected (a
+        scheduler that draws acceptance ahead): allocated with the step's other blocks, as
+        their draft tails would be, and freed at its update (``release_held``) as ``trim``
+        would free them; held here rather than in the requests' tables. Must fit."""
+        got = self.pool.allocate(n)
+        assert got is not None, "hold_drafts without the free blocks"
+        self._held.extend(got)
+
+    def release_held(self, n: int | None = None) -> None:
+        """Free the last ``n`` held draft blocks (all if None), as rejected drafts' blocks."""
+        held = self._held
+        k = len(held) if n is None else n
+        if k:
+            self.pool.release_drafts(held[len(held) - k :])
+            del held[len(held) - k :]
 
     def register_computed(self, req: Request) -> None:
         """Publish ``req``'s prompt blocks that are now fully computed."""
@@ -178,7 +214,8 @@ class KVCacheManager:
     def check_integrity(self) -> None:
         """Pool invariants, and every used block's ref count equals the tables holding it."""
         self.pool.check_integrity()
-        refs: dict[int, int] = {}
+        refs: dict[int, int] = {b: 1 for b in self._held}
+        assert len(refs) == len(self._held), "a held draft block twice"
         for table in self._tables.values():
             assert len(set(table)) == len(table), "block twice in one table"
             for b in table:
@@ -190,6 +227,8 @@ class KVCacheManager:
         assert len(ref) - ref.count(0) == len(refs) and all(
             0 <= b < n and ref[b] == c for b, c in refs.items()
         ), "block ref counts differ from the tables holding them"
+        for b in self._held:
+            assert pool.hash_of(b) is None, f"held draft block {b} is hashed"
         for rid, n in self._drafts.items():
             tail = self._tables.get(rid)
             assert tail is not None and 0 < n <= len(tail), f"draft tail of {rid} not held"

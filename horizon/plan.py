@@ -47,7 +47,9 @@ class StepPlan:
             are allocated; ``update`` trims what the rejected drafts used. Disjoint from
             ``decodes``; empty without speculation. Their shape: ``num_verify_tokens``,
             ``verify_context_tokens``, ``verify_attention_pairs`` (properties, computed from
-            the requests' pre-update counters: read them before ``update``).
+            the requests' pre-update counters: read them before ``update``). A scheduler
+            that draws acceptance ahead gives a ``horizon.drawn_verifies.DrawnVerifies``, a
+            sequence of the same pairs whose shape is kept rather than summed.
     """
 
     step: int
@@ -82,21 +84,28 @@ class StepPlan:
     @property
     def num_verify_tokens(self) -> int:
         """Sum over verifies of ``k + 1`` (query tokens)."""
-        return sum(k for _, k in self.verifies) + len(self.verifies)
+        v = self.verifies
+        if v.__class__ is not tuple:  # drawn ahead (horizon.drawn_verifies): kept totals
+            return v.num_drafts + len(v)  # type: ignore[attr-defined]
+        return sum(k for _, k in v) + len(v)
 
     @property
     def verify_context_tokens(self) -> int:
         """Sum over verifies of the KV length at the step's end (context + ``k + 1``), as
         ``prefill_context_tokens`` is for chunks."""
-        return sum(r.num_computed_tokens + k + 1 for r, k in self.verifies)
+        v = self.verifies
+        if v.__class__ is not tuple:
+            return v.context_tokens + v.num_drafts + len(v)  # type: ignore[attr-defined]
+        return sum(r.num_computed_tokens + k + 1 for r, k in v)
 
     @property
     def verify_attention_pairs(self) -> int:
         """Sum over verifies of query-key pairs attended (causal), as
         ``prefill_attention_pairs`` is for chunks."""
-        return sum(
-            (k + 1) * r.num_computed_tokens + (k + 1) * (k + 2) // 2 for r, k in self.verifies
-        )
+        v = self.verifies
+        if v.__class__ is not tuple:
+            return v.attention_pairs  # type: ignore[attr-defined]
+        return sum((k + 1) * r.num_computed_tokens + (k + 1) * (k + 2) // 2 for r, k in v)
 
 
 # What a step costs depends on: the fields a cost model reads and a calibration file records,
@@ -136,7 +145,9 @@ class StepResult:
         token_ids: request id -> token emitted this step (the engine); empty in the simulator.
         accepted: draft tokens accepted for each of the plan's ``verifies``, in its order
             (``0..k`` each; the request emits that many plus one, fewer only if it finished
-            with them). Empty when the plan verifies nothing.
+            with them). Empty when the plan verifies nothing. For a ``DrawnVerifies`` plan, a
+            ``horizon.drawn_verifies.DrawnAccepted``: the drawn counts, and by request id
+            those the backend accepted fewer of.
     """
 
     duration: float

@@ -5,6 +5,9 @@ one token per step, so a run ``(first_step, count)`` says it emitted at steps
 ``first_step .. first_step + count - 1``. Token times are derived from the step clock at
 ``build()``. The event-driven scheduler opens and closes runs; the reference scheduler emits
 token by token (``emit``), which extends the same runs — so both give identical records.
+A speculating request whose acceptance was drawn ahead (``horizon.draft_track``) emits several
+tokens at some steps; its track's tokens are kept as one entry (``_Drawn``: the track's first
+step, steps and cumulative tokens), expanded at ``build``.
 """
 
 from __future__ import annotations
@@ -50,6 +53,20 @@ class _Rec:
         self.runs: list[list[int]] = []
 
 
+class _Drawn:
+    """Tokens of a drawn track: ``cum[j + 1] - cum[j]`` at step ``t0 + j``, ``j < m``."""
+
+    __slots__ = ("t0", "m", "cum")
+
+    def __init__(self, t0: int, m: int, cum: list[int]) -> None:
+        self.t0, self.m, self.cum = t0, m, cum
+
+    def steps(self) -> list[int]:
+        """The step of each token, in order."""
+        cum = self.cum
+        return [self.t0 + j for j in range(self.m) for _ in range(cum[j + 1] - cum[j])]
+
+
 class Recorder:
     """One run's records. Every method is O(1) except ``build``."""
 
@@ -58,6 +75,7 @@ class Recorder:
         self.block_size = block_size
         self._recs: dict[int, _Rec] = {}
         self._steps: list[tuple] = []
+        self._drawn = False  # some request's runs hold a drawn track's tokens (``_Drawn``)
 
     def arrive(self, req: Request) -> None:
         if req.request_id in self._recs:
@@ -123,6 +141,18 @@ class Recorder:
         r.computed += 1
         r.high_water = max(r.high_water, req.num_computed_tokens)
         self.emit(req, step)
+
+    def emit_steps(self, req: Request, first_step: int, cum: list[int], m: int) -> None:
+        """``cum[j + 1] - cum[j]`` (>= 1) tokens computed and emitted at step ``first_step + j``
+        for ``j < m`` (``cum[0] == 0``): the records ``decode`` one token at a time would make
+        (a drawn track's, written when it ends; ``req``'s counters are those after them). O(1):
+        ``cum`` is kept, unchanged from here on, and expanded at ``build``."""
+        r = self._recs[req.request_id]
+        r.runs.append(_Drawn(first_step, m, cum))  # type: ignore[arg-type]
+        r.runs.append([first_step + m, 0])  # the run a later token opens or extends
+        r.computed += cum[m]
+        r.high_water = max(r.high_water, req.num_computed_tokens)
+        self._drawn = True
 
     def finish(self, req: Request) -> None:
         self._recs[req.request_id].status = STATUS_FINISHED
@@ -199,11 +229,13 @@ class Recorder:
         runs, steps = self._recs[req.request_id].runs, self._steps
         if not runs:
             return False
-        prev = steps[runs[0][0]][1]
+        first = runs[0]
+        prev = steps[first.t0 if first.__class__ is _Drawn else first[0]][1]
         if prev - req.arrival_time > ttft:
             return False
-        for s, c in runs:
-            for k in range(s, s + c):
+        for run in runs:
+            ks = run.steps() if run.__class__ is _Drawn else range(run[0], run[0] + run[1])
+            for k in ks:
                 end = steps[k][1]
                 if end - prev > itl:
                     return False
@@ -218,12 +250,7 @@ class Recorder:
         flat = chain.from_iterable(self._steps)
         steps = np.fromiter(flat, np.float64, 14 * len(self._steps)).reshape(-1, 14)
         step_end = steps[:, 1].copy()
-        # every run's (start, count), flat in request order
-        runs = np.fromiter(chain.from_iterable(chain.from_iterable(r.runs for r in recs)), np.int64)
-        starts_a, counts_a = runs[0::2].copy(), runs[1::2].copy()
-        # token k of a run starting at s is at step s + k: a vectorised arange per run
-        first = np.repeat(starts_a - np.concatenate(([0], np.cumsum(counts_a)[:-1])), counts_a)
-        idx = first + np.arange(int(counts_a.sum()), dtype=np.int64)
+        idx, counts_a = _token_steps(recs, self._drawn)
         token_times = step_end[idx] if len(idx) else np.zeros(0)
         # tokens per request: the sum of its runs' counts (a difference of the running total)
         ends = np.cumsum(np.fromiter(map(len, map(_runs, recs)), np.int64, len(recs)))
@@ -270,6 +297,53 @@ class Recorder:
 
 _by_request_id = attrgetter("req.request_id")
 _runs = attrgetter("runs")
+
+
+def _token_steps(recs: list[_Rec], drawn: bool) -> tuple[np.ndarray, np.ndarray]:
+    """The step of every token, in request order, and every run's token count."""
+    # every run's (start, count), flat in request order
+    if drawn:
+        runs, tracks = _flat_runs(recs)
+    else:
+        runs = np.fromiter(chain.from_iterable(chain.from_iterable(r.runs for r in recs)), np.int64)
+    starts_a, counts_a = runs[0::2].copy(), runs[1::2].copy()
+    # token k of a run starting at s is at step s + k: a vectorised arange per run
+    first = np.repeat(starts_a - np.concatenate(([0], np.cumsum(counts_a)[:-1])), counts_a)
+    idx = first + np.arange(int(counts_a.sum()), dtype=np.int64)
+    if drawn:
+        _drawn_steps(idx, starts_a, counts_a, tracks)
+    return idx, counts_a
+
+
+def _flat_runs(recs: list[_Rec]) -> tuple[np.ndarray, list[_Drawn]]:
+    """Every run's (start, count) flat, a drawn track's as (-1, its tokens); and the tracks."""
+    flat: list[int] = []
+    drawn: list[_Drawn] = []
+    add = flat.extend
+    for rec in recs:
+        for run in rec.runs:
+            if run.__class__ is _Drawn:
+                add((-1, run.cum[run.m]))  # type: ignore[attr-defined]
+                drawn.append(run)  # type: ignore[arg-type]
+            else:
+                add(run)
+    return np.array(flat, dtype=np.int64), drawn
+
+
+def _drawn_steps(idx: np.ndarray, starts: np.ndarray, counts: np.ndarray, drawn: list[_Drawn]):  # noqa: ANN202
+    """Write the drawn tracks' tokens' steps into ``idx`` (their runs start at -1)."""
+    if not drawn:
+        return
+    m = np.fromiter((d.m for d in drawn), np.int64, len(drawn))
+    t0 = np.fromiter((d.t0 for d in drawn), np.int64, len(drawn))
+    cum = np.fromiter(chain.from_iterable(d.cum[: d.m + 1] for d in drawn), np.int64)
+    per_step = np.diff(cum)
+    keep = np.ones(len(per_step), dtype=bool)
+    keep[(np.cumsum(m + 1) - 1)[:-1]] = False  # the differences across two tracks
+    per_step = per_step[keep]
+    # step j of track p is t0[p] + j: a vectorised arange per track
+    steps = np.repeat(t0 - np.concatenate(([0], np.cumsum(m)[:-1])), m) + np.arange(int(m.sum()))
+    idx[np.repeat(starts < 0, counts)] = np.repeat(steps, per_step)
 
 
 def _request_columns(recs: list[_Rec]) -> np.ndarray:

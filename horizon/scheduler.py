@@ -26,7 +26,10 @@ backend reports how many drafts were accepted, ``update`` advances the request b
 one token and trims the blocks the rejected drafts used (``KVCacheManager.trim``). In event
 mode a speculating request leaves the anchored decode set (its counters settle and advance
 explicitly) and returns to it at the first step it does not speculate, so steps without
-speculation stay O(events).
+speculation stay O(events). Given the backend's draws (``draws``: the simulator's) and a
+``steady`` speculation policy, event mode draws each speculating request's accepted counts
+ahead instead (``horizon.drawn_speculation``): its counters follow a track of drawn steps,
+and steps with speculation stay O(events) too, with the same plans and records.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from collections import deque
 from collections.abc import Sequence
 
 from horizon.block_pool import BlockPool
+from horizon.drawn_speculation import DrawnSpeculation
 from horizon.kv_cache import KVCacheManager, KVView, ReservationLedger
 from horizon.plan import StepPlan, StepResult, new_plan
 from horizon.policies.base import Policy
@@ -43,6 +47,7 @@ from horizon.policies.speculation import make_speculation_policy
 from horizon.recorder import Recorder
 from horizon.request import Request, RequestStatus, StepClock
 from horizon.scheduler_config import SchedulerConfig
+from horizon.spec_tracks import DrawSource
 
 
 def _chunk(remaining: int, emitted: int, budget: int) -> int:
@@ -126,9 +131,18 @@ class Scheduler:
         "num_drafted",
         "num_accepted",
         "_verify_context",
+        "_drawn",
     )
 
-    def __init__(self, config: SchedulerConfig, policy: Policy, recorder: Recorder | None = None):
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        policy: Policy,
+        recorder: Recorder | None = None,
+        draws: DrawSource | None = None,
+    ):
+        """``draws``: what the backend accepts at speculating requests' output positions, when
+        it accepts exactly that (``horizon.spec_tracks.DrawSource``; see the module docstring)."""
         self.config = config
         self.policy = policy
         self.pool = BlockPool(config.num_blocks, config.block_size)
@@ -168,16 +182,29 @@ class Scheduler:
         self._aborting: set[int] = set()
         self._aborted: list[Request] = []
         self.num_aborted = 0
+        self._init_speculation(draws)
+
+    def _init_speculation(self, draws: DrawSource | None) -> None:
         # speculation (see the module docstring): the policy, or None when off; in event mode
         # the decoding requests that verified drafts at their latest step (counters settled);
-        # this step's drafts (request id -> k); totals of drafts proposed and accepted
-        spec = config.speculation
+        # this step's drafts (request id -> k); totals of drafts proposed and accepted; the
+        # drawn-ahead mechanics, when they apply
+        spec = self.config.speculation
         self.speculation = None if spec is None else make_speculation_policy(spec)
         self._speculating: dict[int, Request] = {}
         self._step_drafts: dict[int, int] = {}
         self.num_drafted = 0
         self.num_accepted = 0
         self._verify_context = 0  # the latest update's verifies' contexts, for its record
+        steady = self.speculation is not None and self.speculation.steady
+        self._drawn: DrawnSpeculation | None = None
+        if draws is not None and self._event and steady:
+            self._drawn = DrawnSpeculation(self, draws)
+
+    @property
+    def draws_ahead(self) -> bool:
+        """Whether speculating requests' acceptance is drawn ahead (see ``__init__``)."""
+        return self._drawn is not None
 
     # -- arrivals --------------------------------------------------------------------------------
     def add(self, req: Request) -> None:
@@ -233,14 +260,13 @@ class Scheduler:
         if every and t % every == 0 and self.running:
             refreshed = len(self.running)
             self._refresh(now)
-        event, max_tokens = self._event, self.config.max_num_batched_tokens
-        drafts = self._choose_drafts() if self.speculation is not None else None
+        event, max_tokens, spec = self._event, self.config.max_num_batched_tokens, self.speculation
+        drafts = self._drafts(t) if spec is not None else None
         self._grow_decodes(t, preempted)
         budget = max_tokens - (len(self._decoding) if event else self._count_decodes())
         verifies: list[tuple[Request, int]] | tuple[()] = ()
-        if drafts:
-            verifies = []
-            budget = self._plan_verifies(drafts, budget, verifies, preempted)
+        if spec is not None:
+            budget, verifies = self._verifies(t, drafts, budget, preempted)
         prefills: list[tuple[Request, int]] = []
         if self._prefilling:
             budget = self._schedule_prefills(budget, prefills, preempted)
@@ -254,6 +280,9 @@ class Scheduler:
                 gone = {id(r) for r in preempted}
                 verifies = [(r, k) for r, k in verifies if id(r) not in gone]
         decodes, decode_context = self._step_decodes(t, verifies)
+        step_verifies = tuple(verifies) if verifies else ()
+        if spec is not None and self._drawn is not None:
+            step_verifies = self._drawn.verifies(t)  # type: ignore[assignment]
         rejected = ()
         if self._rejected:
             rejected, self._rejected = tuple(self._rejected), []
@@ -274,8 +303,28 @@ class Scheduler:
             self.pool.num_used,
             max_tokens,
             refreshed,
-            tuple(verifies) if verifies else (),
+            step_verifies,
         )
+
+    def _drafts(self, t: int) -> dict[int, int] | None:
+        """This step's drafts (speculation on), before decodes grow; drawn ahead: chosen in
+        ``_drawn`` (None here)."""
+        if self._drawn is not None:
+            self._drawn.choose(t)
+            return None
+        return self._choose_drafts()
+
+    def _verifies(
+        self, t: int, drafts: dict[int, int] | None, budget: int, preempted: list[Request]
+    ) -> tuple[int, list[tuple[Request, int]]]:
+        """Blocks for this step's drafts (speculation on): the budget left and the verifies
+        (drawn ahead: kept in ``_drawn``, none here)."""
+        verifies: list[tuple[Request, int]] = []
+        if self._drawn is not None:
+            return self._drawn.plan(t, budget, preempted), verifies
+        if drafts:
+            budget = self._plan_verifies(drafts, budget, verifies, preempted)
+        return budget, verifies
 
     def _step_decodes(self, t: int, verifies) -> tuple[tuple[Request, ...], int]:  # noqa: ANN001
         """The step's plain decodes (not verifying) and their context tokens; in event mode
@@ -442,6 +491,8 @@ class Scheduler:
             self._decode_tuple = None
             r.settle()
         elif self._speculating:
+            if self._drawn is not None:
+                self._drawn.forget(r)
             self._speculating.pop(rid, None)
         del self.running[rid]
         self._prefilling.pop(rid, None)
@@ -506,6 +557,25 @@ class Scheduler:
                 self._unanchor(r)
                 spec[rid] = r
 
+    def _next_token_blocks(self, reqs: list[Request], total: int, preempted: list[Request]) -> bool:
+        """The speculating requests' next tokens' blocks, ``total`` the blocks their
+        verifications need: when that is more than the free unreserved blocks, in admission
+        order (``reqs`` sorted so) preempting as decodes do, and True; else as they come."""
+        kv, ledger = self.kv, self.ledger
+        if total > self.pool.num_free - ledger.outstanding:
+            reqs.sort(key=_admit_order)
+            for r in reqs:
+                need = kv.num_blocks_needed(r, 1)
+                if need and r.status is RequestStatus.RUNNING:
+                    self._allocate(r, need, preempted)
+            return True
+        for r in reqs:
+            need = kv.num_blocks_needed(r, 1)
+            if need:
+                kv.allocate(r, need)
+                ledger.grew(r.request_id, need)
+        return False
+
     def _plan_verifies(
         self,
         drafts: dict[int, int],
@@ -523,18 +593,7 @@ class Scheduler:
         else:
             reqs = [r for r in self.running.values() if r.request_id in drafts]
         total = sum(kv.num_blocks_needed(r, drafts[r.request_id] + 1) for r in reqs)
-        if total > pool.num_free - ledger.outstanding:
-            reqs.sort(key=_admit_order)
-            for r in reqs:
-                need = kv.num_blocks_needed(r, 1)
-                if need and r.status is RequestStatus.RUNNING:
-                    self._allocate(r, need, preempted)
-        else:
-            for r in reqs:
-                need = kv.num_blocks_needed(r, 1)
-                if need:
-                    kv.allocate(r, need)
-                    ledger.grew(r.request_id, need)
+        self._next_token_blocks(reqs, total, preempted)
         for r in reqs:
             if r.status is not RequestStatus.RUNNING:
                 continue  # preempted above
@@ -594,13 +653,15 @@ class Scheduler:
         entered = self._advance_prefills(plan.prefills, t, now) if plan.prefills else ()
         self.queued_prefill_tokens -= plan.num_prefill_tokens
         self.tokens_emitted += len(plan.decodes) + len(entered)
-        if verifies:
+        if verifies and self._drawn is None:
             self._verified(plan, result, t)
         if not event:
             for r in plan.decodes:
                 r.advance(1)
                 rec.decode(r, t)
         self.clock.step = t + 1
+        if self._drawn is not None:  # its requests' counters advanced with the clock
+            self._drawn.verified(plan, result, t)
         if entered and event:
             for r in entered:
                 self._enter_decode(r)
@@ -669,6 +730,8 @@ class Scheduler:
         drift = r.num_computed_tokens - self.clock.step
         self._ctx_base += drift
         self._residue[drift % self._bs][r.request_id] = r
+        if self._drawn is not None:
+            self._drawn.entered(r)
 
     # -- aborts --------------------------------------------------------------------------------
     def abort(self, request_id: int) -> bool:
@@ -723,6 +786,8 @@ class Scheduler:
 
     def _abort_running(self, r: Request) -> None:
         rid = r.request_id
+        if self._drawn is not None:
+            self._drawn.forget(r, told=True)
         if self._event and rid in self._decoding:
             self.recorder.close_run(r, self.clock.step - 1)
         if rid in self._prefilling:
@@ -831,6 +896,8 @@ class Scheduler:
         if self._event:
             for r in self._decoding.values():
                 self.recorder.close_run(r, self.clock.step - 1)
+        if self._drawn is not None:
+            self._drawn.finish_run()
 
     def check_integrity(self) -> None:
         """Queues, block tables, reservations and counters agree (and the policy's own state)."""
@@ -871,6 +938,8 @@ class Scheduler:
         self.policy.check_integrity()
         if self.speculation is not None:
             self.speculation.check_integrity()
+        if self._drawn is not None:
+            self._drawn.check_integrity()
 
 
 def _chunk_shape(prefills: list[tuple[Request, int]]) -> tuple[int, int, int]:

@@ -86,9 +86,15 @@ class SpeculationPolicy:
         * ``observe`` is called once per executed step that verified drafts, with the plan's
           ``(request, k)`` pairs and the accepted count of each (``0..k``).
         * A policy never allocates, and mutates nothing but its own state.
+        * ``steady = True`` declares that ``draft_tokens`` returns one int for all requests
+          and that ``observe`` ignores what it is given. A scheduler that knows the backend's
+          acceptance ahead (the simulator's) may then draw each speculating request's
+          accepted counts ahead (``horizon.draft_track``); ``draft_tokens`` is still called
+          every step (a change of its value redraws the tracks), ``observe`` is not.
     """
 
     name = "base"
+    steady = False
 
     def draft_tokens(self, decodes: Sequence[Request], view: KVView) -> int | Sequence[int]:
         return 0

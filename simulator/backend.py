@@ -6,7 +6,10 @@ serially, a step's modelled duration passes on the clock; pipelined, a step star
 one before it ends (or at once) and its end is known when it is submitted.
 
 Speculative decoding: a plan's verifies get their accepted drafts from the stated
-``acceptance`` model (``horizon.acceptance``), capped by the trace's stopping rule.
+``acceptance`` model (``horizon.acceptance``), capped by the trace's stopping rule. With
+``drawn`` (the scheduler draws acceptance ahead from the same model, ``Scheduler.draws_ahead``)
+the plans carry their verifies' tracks and the stopping rule follows them
+(``simulator.drawn_stop``): a step's result then lists only the capped counts.
 """
 
 from __future__ import annotations
@@ -14,10 +17,12 @@ from __future__ import annotations
 from typing import Any
 
 from horizon.acceptance import AcceptanceModel
+from horizon.drawn_verifies import DrawnAccepted, DrawnVerifies
 from horizon.plan import StepPlan, StepResult, new_result
 from horizon.serving_loop import Clock, InFlight
 from horizon.trace_stop import TraceStop
 from simulator.cost_model import CostModel
+from simulator.drawn_stop import DrawnStop
 from simulator.shared_device import SharedDevice
 
 
@@ -34,7 +39,8 @@ class SimBackend:
     and which replica books (``id(self)``).
 
     ``acceptance``: how many drafts a verification accepts (needed for plans that verify; a
-    plan with verifies and no model is a ValueError)."""
+    plan with verifies and no model is a ValueError). ``drawn``: the scheduler draws it ahead
+    (see the module docstring); event mode only."""
 
     advances_clock = True
 
@@ -46,21 +52,27 @@ class SimBackend:
         pipelined: bool = False,
         device: SharedDevice | None = None,
         acceptance: AcceptanceModel | None = None,
+        drawn: bool = False,
     ) -> None:
         if device is not None and clock is None:
             raise ValueError("SimBackend.device needs the clock")
+        if drawn and (acceptance is None or not event_mode):
+            raise ValueError("SimBackend.drawn needs the acceptance model and event mode")
         self.cost_model = cost_model
         self.device = device
         self.clock = clock
         self.pipelined = pipelined
         self._stop = TraceStop(event_mode)
+        self._drawn = DrawnStop() if drawn else None
         self.acceptance = acceptance
         self._wake_delay = getattr(cost_model, "wake_delay", None)
         # pipelined: the latest non-empty step's end (a step starts at max(now, this))
         self._last_end: float | None = None
 
     def execute(self, plan: StepPlan) -> StepResult:
-        if plan.verifies:
+        if plan.verifies or self._drawn is not None:
+            if self._drawn is not None:
+                return self._drawn_step(plan, serial=True)
             return self._speculative(plan, serial=True)
         finished = self._stop.finished(plan)
         duration = self.cost_model.step_time(plan)
@@ -81,6 +93,20 @@ class SimBackend:
             duration = self.device.reserve(now, duration, plan, now, id(self)) - now
         return new_result(duration, tuple(finished), tuple(accepted))
 
+    def _drawn_step(self, plan: StepPlan, serial: bool) -> StepResult:
+        """A plan of a scheduler that draws acceptance ahead: finishes and capped counts from
+        the tracks (``DrawnStop``)."""
+        assert self._drawn is not None
+        finished, capped = self._drawn.finished(plan)
+        duration = self.cost_model.step_time(plan)
+        if serial and self.device is not None:
+            now = self.clock.now()  # type: ignore[union-attr]
+            duration = self.device.reserve(now, duration, plan, now, id(self)) - now
+        v = plan.verifies
+        if v.__class__ is DrawnVerifies:
+            return new_result(duration, tuple(finished), DrawnAccepted(v, capped))  # type: ignore[arg-type]
+        return new_result(duration, tuple(finished))
+
     def host_delay(self, step: int, now: float, woke: bool) -> float:
         if self._wake_delay is None or not (woke or self.pipelined):
             return 0.0
@@ -92,8 +118,11 @@ class SimBackend:
     def submit(self, plan: StepPlan) -> InFlight:
         clock = self.clock
         assert clock is not None, "a pipelined SimBackend needs the clock"
-        if plan.verifies:
-            result = self._speculative(plan, serial=False)
+        if plan.verifies or self._drawn is not None:
+            if self._drawn is not None:
+                result = self._drawn_step(plan, serial=False)
+            else:
+                result = self._speculative(plan, serial=False)
         else:  # priced: the step's duration, its finished requests under the trace's rule
             finished = self._stop.finished(plan)
             result = new_result(self.cost_model.step_time(plan), tuple(finished))

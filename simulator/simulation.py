@@ -43,6 +43,7 @@ from horizon.scheduler_config import SchedulerConfig
 from horizon.serving_loop import serve
 from simulator.backend import SimBackend
 from simulator.cost_model import CostModel
+from simulator.trace_draws import TraceDraws
 from simulator.verification_cost import DraftCost, SpeculativeCostModel, VerifyCost
 
 
@@ -66,6 +67,9 @@ class Simulation:
         verify_cost: with speculation on, the shape ``cost_model`` prices verification steps
             in and their fitted host terms (default: expanded decode rows, as the engine runs
             them by default, no host terms; ``simulator.verification_cost``).
+        draws_ahead: in event mode with a steady speculation policy, the scheduler draws the
+            acceptance ahead (``horizon.drawn_speculation``; the same plans and records);
+            False: per step, as the engine's scheduler does.
     """
 
     def __init__(
@@ -81,6 +85,7 @@ class Simulation:
         acceptance: AcceptanceModel | None = None,
         draft_cost: DraftCost | None = None,
         verify_cost: VerifyCost | None = None,
+        draws_ahead: bool = True,
     ) -> None:
         if config.speculation is not None:
             if acceptance is None:
@@ -93,13 +98,17 @@ class Simulation:
             raise ValueError(f"max_time must be a finite number > 0, got {max_time!r}")
         self.env = simpy.Environment()
         self.clock = SimClock(self.env)
-        self.scheduler = Scheduler(config, policy)
+        draws = None  # the backend accepts exactly these draws: the scheduler may use them
+        if draws_ahead and acceptance is not None:
+            draws = TraceDraws(acceptance, requests)
+        self.scheduler = Scheduler(config, policy, draws=draws)
         self.backend = SimBackend(
             cost_model,
             config.step_mode == "event",
             self.clock,
             pipelined=pipelined,
             acceptance=acceptance,
+            drawn=self.scheduler.draws_ahead,
         )
         self.max_time = max_time
         self.arrivals = SimArrivals(self.env, requests, max_time, arrivals_at_step_boundaries)

@@ -31,9 +31,12 @@ step of the draft model, and each proposal 0.45-1.04 ms more at batch 1-64).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 
-from horizon.plan import StepPlan
+from horizon.drawn_verifies import DrawnVerifies
+from horizon.plan import StepPlan, new_plan
+from horizon.request import Request
 from simulator.cost_model import CostModel
 
 
@@ -59,7 +62,10 @@ class DraftCost:
         if not plan.verifies or not (self.per_token_s or self.per_position_s or self.per_step_s):
             return 0.0
         drafts = plan.num_verify_tokens - len(plan.verifies)
-        deepest = max(k for _, k in plan.verifies)
+        v = plan.verifies
+        deepest = 0  # adds 0.0 when per_position_s is 0, as max(k) * 0.0 would
+        if self.per_position_s:
+            deepest = v.max_drafts if isinstance(v, DrawnVerifies) else max(k for _, k in v)
         return self.per_step_s + self.per_token_s * drafts + self.per_position_s * deepest
 
 
@@ -92,32 +98,116 @@ class VerifyCost:
 def as_decode_rows(plan: StepPlan) -> StepPlan:
     """``plan`` with each verify ``(request, k)`` as ``k + 1`` decode rows (the request repeated),
     row ``i`` over ``C + i`` context tokens (``C``: its computed tokens; a decode reads its
-    computed tokens, ``Scheduler``'s convention): the expanded decode step's shape."""
-    if not plan.verifies:
+    computed tokens, ``Scheduler``'s convention): the expanded decode step's shape. Drawn
+    verifies (``DrawnVerifies``) become rows listed on demand (``_VerifyRows``); the context
+    comes from the plan's totals either way."""
+    v = plan.verifies
+    if not v:
         return plan
-    rows = tuple(r for r, k in plan.verifies for _ in range(k + 1))
+    rows: Sequence[Request]
+    if v.__class__ is DrawnVerifies:
+        rows = _VerifyRows(plan.decodes, v, plan.num_verify_tokens)  # type: ignore[arg-type]
+    else:
+        rows = plan.decodes + tuple(r for r, k in v for _ in range(k + 1))
     context = plan.verify_attention_pairs - plan.num_verify_tokens
-    return replace(
-        plan,
-        decodes=plan.decodes + rows,
-        decode_context_tokens=plan.decode_context_tokens + context,
-        verifies=(),
+    return new_plan(  # dataclasses.replace, at a fraction of its cost (once per step)
+        plan.step,
+        plan.time,
+        rows,  # type: ignore[arg-type]
+        plan.prefills,
+        plan.preempted,
+        plan.rejected,
+        plan.num_prefill_tokens,
+        plan.decode_context_tokens + context,
+        plan.prefill_attention_pairs,
+        plan.prefill_context_tokens,
+        plan.num_running,
+        plan.num_waiting,
+        plan.kv_used_blocks,
+        plan.token_budget,
+        plan.num_refreshed,
     )
+
+
+class _VerifyRows(Sequence[Request]):
+    """A plan's decodes followed by its drawn verifies as ``k + 1`` rows each: its length in
+    O(1) (what cost models read), its items built when iterated."""
+
+    def __init__(self, decodes: tuple[Request, ...], verifies: DrawnVerifies, tokens: int):
+        self._decodes = decodes
+        self._verifies = verifies
+        self._len = len(decodes) + tokens
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __getitem__(self, i):  # noqa: ANN001, ANN204
+        return list(self)[i]
+
+    def __iter__(self) -> Iterator[Request]:
+        yield from self._decodes
+        for r, k in self._verifies:
+            for _ in range(k + 1):
+                yield r
 
 
 def as_prefill_chunks(plan: StepPlan) -> StepPlan:
     """``plan`` with each verify ``(request, k)`` as a prefill chunk of ``k + 1`` tokens over its
-    context: the shape a cost model prices (see the module docstring)."""
-    if not plan.verifies:
+    context: the shape a cost model prices (see the module docstring). Drawn verifies
+    (``DrawnVerifies``) become chunks listed on demand (``_VerifyChunks``)."""
+    v = plan.verifies
+    if not v:
         return plan
-    return replace(
-        plan,
-        prefills=plan.prefills + tuple((r, k + 1) for r, k in plan.verifies),
-        num_prefill_tokens=plan.num_prefill_tokens + plan.num_verify_tokens,
-        prefill_context_tokens=plan.prefill_context_tokens + plan.verify_context_tokens,
-        prefill_attention_pairs=plan.prefill_attention_pairs + plan.verify_attention_pairs,
-        verifies=(),
+    chunks: Sequence[tuple[Request, int]]
+    if v.__class__ is DrawnVerifies:  # its shape kept: drafts, context, attention pairs
+        drafts, context, pairs = v.totals[0], v.totals[1], v.totals[2]  # type: ignore[attr-defined]
+        n = len(v)
+        chunks = _VerifyChunks(plan.prefills, v)  # type: ignore[arg-type]
+        tokens, context = drafts + n, context + drafts + n
+    else:
+        chunks = plan.prefills + tuple((r, k + 1) for r, k in v)
+        tokens, context, pairs = (
+            plan.num_verify_tokens,
+            plan.verify_context_tokens,
+            plan.verify_attention_pairs,
+        )
+    return new_plan(  # dataclasses.replace, at a fraction of its cost (once per step)
+        plan.step,
+        plan.time,
+        plan.decodes,
+        chunks,  # type: ignore[arg-type]
+        plan.preempted,
+        plan.rejected,
+        plan.num_prefill_tokens + tokens,
+        plan.decode_context_tokens,
+        plan.prefill_attention_pairs + pairs,
+        plan.prefill_context_tokens + context,
+        plan.num_running,
+        plan.num_waiting,
+        plan.kv_used_blocks,
+        plan.token_budget,
+        plan.num_refreshed,
     )
+
+
+class _VerifyChunks(Sequence[tuple[Request, int]]):
+    """A plan's chunks followed by its drawn verifies as chunks of ``k + 1``: its length in
+    O(1) (what cost models read), its items built when iterated."""
+
+    def __init__(self, prefills: tuple[tuple[Request, int], ...], verifies: DrawnVerifies):
+        self._prefills = prefills
+        self._verifies = verifies
+
+    def __len__(self) -> int:
+        return len(self._prefills) + len(self._verifies)
+
+    def __getitem__(self, i):  # noqa: ANN001, ANN204
+        return list(self)[i]
+
+    def __iter__(self) -> Iterator[tuple[Request, int]]:
+        yield from self._prefills
+        for r, k in self._verifies:
+            yield r, k + 1
 
 
 class SpeculativeCostModel:

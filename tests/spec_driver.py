@@ -11,6 +11,7 @@ from horizon.metrics.records import RunRecords
 from horizon.request import Request
 from horizon.scheduler import Scheduler
 from horizon.scheduler_config import SchedulerConfig
+from horizon.spec_tracks import ModelDraws
 from horizon.workload.builder import fresh_copy
 from simulator.backend import SimBackend
 
@@ -38,12 +39,16 @@ def drive_spec(
     policy: str,
     acceptance: AcceptanceModel,
     check: bool = True,
+    draws: bool = False,
 ) -> tuple[Scheduler, RunRecords, dict]:
     """Run to completion; after every step: integrity, hash chains, the step within its token
     budget, and each verifying request advanced by exactly its accepted drafts plus one.
-    Returns the scheduler, its records and totals (steps, verifies, accepted drafts)."""
-    sched = Scheduler(config, policy_for_test(policy))
-    backend = SimBackend(ConstantCost(), config.step_mode == "event", acceptance=acceptance)
+    Returns the scheduler, its records and totals (steps, verifies, accepted drafts).
+    ``draws``: the scheduler draws acceptance ahead where it can (``ModelDraws``)."""
+    source = ModelDraws(acceptance) if draws else None
+    sched = Scheduler(config, policy_for_test(policy), draws=source)
+    event = config.step_mode == "event"
+    backend = SimBackend(ConstantCost(), event, acceptance=acceptance, drawn=sched.draws_ahead)
     pending = sorted(requests, key=lambda r: r.arrival_time)
     now, i = 0.0, 0
     totals = {"steps": 0, "verifies": 0, "accepted": 0, "drafted": 0}

@@ -62,7 +62,8 @@ def _config(mode: str, spec: SpeculationConfig | None, **kw) -> SchedulerConfig:
 
 def test_random_workloads_with_random_acceptance_keep_every_invariant(scale):
     """Integrity and hash chains after every step, every request advancing by its accepted
-    drafts plus one, tokens out equal to tokens accepted, both step modes byte-identical."""
+    drafts plus one, tokens out equal to tokens accepted, both step modes and event mode
+    with acceptance drawn ahead (steady policies) byte-identical."""
     speculated = preempting = 0
 
     @settings(max_examples=60 * scale, deadline=None, derandomize=True)
@@ -81,9 +82,9 @@ def test_random_workloads_with_random_acceptance_keep_every_invariant(scale):
         nonlocal speculated, preempting
         reqs = random_requests(random.Random(seed), 25, max_prompt=40, max_output=30)
         digests = []
-        for mode in ("event", "reference"):
+        for mode in ("event", "reference", "drawn"):
             cfg = _config(
-                mode,
+                "event" if mode == "drawn" else mode,
                 spec,
                 num_blocks=num_blocks,
                 block_size=block_size,
@@ -92,7 +93,7 @@ def test_random_workloads_with_random_acceptance_keep_every_invariant(scale):
                 enable_prefix_caching=prefix,
             )
             acc = AcceptanceModel.geometric(alpha, seed=seed % 1000)
-            sched, rec, tot = drive_spec(fresh(reqs), cfg, policy, acc)
+            sched, rec, tot = drive_spec(fresh(reqs), cfg, policy, acc, draws=mode == "drawn")
             rec.check()
             done, rej = rec.status == STATUS_FINISHED, rec.status == STATUS_REJECTED
             assert np.all(done | rej)
@@ -107,7 +108,7 @@ def test_random_workloads_with_random_acceptance_keep_every_invariant(scale):
             speculated += tot["verifies"] > 0
             preempting += rec.num_preemptions.sum() > 0
             digests.append(rec.digest())
-        assert digests[0] == digests[1]
+        assert digests[0] == digests[1] == digests[2]
 
     run()
     assert speculated > 20 * scale
@@ -295,8 +296,10 @@ def test_a_verifying_victim_readmitted_in_its_step_verifies_nothing_there(monkey
 
     monkeypatch.setattr(Scheduler, "schedule", spy)
     cost = make_cost_model("roofline", shape=model_shape("qwen2.5-7b"), gpu=gpu_spec("H200"))
-    acc = AcceptanceModel.geometric(0.9, 37)
-    sim = Simulation(fresh(reqs), cfg, make_policy("sjf_prompt"), cost, check_every=1,
-                     acceptance=acc)  # fmt: skip
-    sim.run()  # check_integrity after every step
-    assert seen and all(not (again & verified) for again, verified in seen)
+    for ahead in (False, True):
+        seen.clear()
+        acc = AcceptanceModel.geometric(0.9, 37)
+        sim = Simulation(fresh(reqs), cfg, make_policy("sjf_prompt"), cost, check_every=1,
+                         acceptance=acc, draws_ahead=ahead)  # fmt: skip
+        sim.run()  # check_integrity after every step
+        assert seen and all(not (again & verified) for again, verified in seen)

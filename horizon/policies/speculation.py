@@ -25,6 +25,7 @@ from horizon.speculation import SpeculationConfig, SpeculationPolicy, drafts_wor
 
 class FixedSpeculation(SpeculationPolicy):
     name = "fixed"
+    steady = True
 
     def __init__(self, num_draft_tokens: int = 4) -> None:
         self.k = num_draft_tokens
@@ -35,6 +36,7 @@ class FixedSpeculation(SpeculationPolicy):
 
 class BatchLimitedSpeculation(SpeculationPolicy):
     name = "batch_limited"
+    steady = True
 
     def __init__(self, num_draft_tokens: int = 4, max_batch: int | None = 32) -> None:
         self.k = num_draft_tokens
