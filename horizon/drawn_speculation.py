@@ -181,6 +181,7 @@ class DrawnSpeculation:
         n = len(self.live)
         if not n:
             self.by_admission = False
+            self.tracks.drop_growth(t)
             return budget
         s = self.s
         tot = self._tot = self.tracks.totals(t, n)

@@ -96,6 +96,7 @@ class SpecTracks:
         self._rows = np.zeros((4, 4 * window), dtype=np.int64)
         self._corr: dict[int, list[int]] = {}  # step -> [drafts, pairs] off the k_eff sums
         self._ends: dict[int, list[DraftTrack]] = {}
+        self._grow: dict[int, list[tuple[DraftTrack, int]]] = {}  # step -> (track, blocks kept)
         # first tracks drawn ahead with their peers (the source's ``peers``): id -> (its
         # counters, k_eff and first drafts, drafts, cumulative tokens, shape)
         self._first: dict[int, tuple] = {}
@@ -133,7 +134,21 @@ class SpecTracks:
             self._ends[tr.end] = [tr]
         else:
             ends.append(tr)
+        self._file_growth(tr)
         return tr
+
+    def _file_growth(self, tr: DraftTrack) -> None:
+        """File the steps at which ``tr``'s table keeps blocks (its ``KEPT`` row), by step."""
+        kept = tr.rows[KEPT]
+        js = np.flatnonzero(kept)
+        grow, t0 = self._grow, tr.t0
+        get = grow.get
+        for s, n in zip((js + t0).tolist(), kept[js].tolist()):
+            g = get(s)
+            if g is None:
+                grow[s] = [(tr, n)]
+            else:
+                g.append((tr, n))
 
     def cut(self, tr: DraftTrack, at: int) -> None:
         """``tr`` stops before step ``at`` (``t0 <= at <= end``): its later steps leave the
@@ -185,6 +200,20 @@ class SpecTracks:
             drafts += c[0]
             pairs += c[1]
         return drafts, ctx, pairs, emitted, rejected, kept
+
+    def growth(self, t: int) -> tuple[list[tuple[Request, int]], int]:
+        """The blocks the live tracks' tables keep from step ``t``: ``(request, n)`` per track
+        that keeps any (entries of tracks cut by ``t`` skipped), and their total; consumed."""
+        filed = self._grow.pop(t, None)
+        if not filed:
+            return [], 0
+        grants = [(tr.req, n) for tr, n in filed if t < tr.end]
+        return grants, sum(n for _, n in grants)
+
+    def drop_growth(self, t: int) -> None:
+        """Step ``t``'s blocks were allocated per request (``DrawnSpeculation._careful``):
+        its filed growth is dropped."""
+        self._grow.pop(t, None)
 
     def ends(self, t: int) -> list[DraftTrack]:
         """Tracks whose steps all ran by step ``t`` (not cut earlier), in speculating order
