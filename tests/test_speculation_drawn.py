@@ -158,7 +158,10 @@ def _pricing(rng: random.Random) -> tuple[VerifyCost, DraftCost]:
         per_step_s=2e-4 if host else 0.0,
         per_verify_s=3e-6 if host else 0.0,
     )
-    draft = rng.choice([DraftCost(), DraftCost("model", per_token_s=1e-6, per_position_s=4e-4)])
+    draft = rng.choice([
+        DraftCost(),
+        DraftCost("model", per_token_s=1e-6, per_position_s=4e-4, per_step_s=3e-4),
+    ])  # fmt: skip
     return verify, draft
 
 
