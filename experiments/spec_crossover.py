@@ -24,6 +24,7 @@ Writes ``sim.json`` (every run) and ``table.md``.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import time
@@ -73,13 +74,11 @@ def _cost(shape: str):  # noqa: ANN202
     )
 
 
-def draft_fixed_s(batch: int, directory: Path = DRAFT_BENCH) -> float:
-    """The paged drafter's fixed cost per proposal at ``batch``, in seconds: per measured batch,
-    the intercept of its measured proposal time (``executor.spec_bench --draft-cost``'s
-    ``draft_cost`` rows: ms per position x k) against k over the files of k 1, 2, 4 and 8
-    (their slope is the draft model's engine decode step within 1%), of the runs of
-    ``DRAFTER``, interpolated in
-    log2(batch), held beyond the measured batches; 0 without measurements."""
+@functools.lru_cache(maxsize=4)
+def _fixed_points(directory: Path) -> tuple[tuple[float, float], ...]:
+    """(log2 batch, fixed seconds) per measured batch: the intercept of the paged drafter's
+    proposal time (``draft_cost`` rows of ``DRAFTER``'s runs: ms per position x k) against k.
+    Read and fitted once per directory."""
     runs = [json.loads(f.read_text()) for f in sorted(directory.glob("*.json"))]
     rows = [
         r
@@ -95,6 +94,15 @@ def draft_fixed_s(batch: int, directory: Path = DRAFT_BENCH) -> float:
         k = np.array([r["k"] for r in sel], dtype=float)
         total = np.array([r["paged_ms_per_position"] for r in sel]) * k
         pts.append((math.log2(b), max(0.0, float(np.polyfit(k, total, 1)[1]) * 1e-3)))
+    return tuple(pts)
+
+
+def draft_fixed_s(batch: int, directory: Path = DRAFT_BENCH) -> float:
+    """The paged drafter's fixed cost per proposal at ``batch``, in seconds
+    (``executor.spec_bench --draft-cost`` at k 1, 2, 4 and 8, whose slope against k is the
+    draft model's engine decode step within 1%), interpolated in log2(batch), held beyond the
+    measured batches; 0 without measurements."""
+    pts = _fixed_points(directory)
     if not pts:
         return 0.0
     return float(np.interp(math.log2(batch), [x for x, _ in pts], [y for _, y in pts]))
