@@ -350,6 +350,7 @@ class _Drive:
             self._later(r)
         self.lag: dict[int, float] = {}
         self.done: dict[int, tuple] = {}
+        self.stopped: set[int] = set()  # prefill workers whose loop has ended
         self.wall_s = 0.0
 
     def run(self) -> ClusterRecords:
@@ -366,19 +367,25 @@ class _Drive:
         return self._records()
 
     def _end_workers(self) -> None:
-        """Tell the workers no more arrivals come: decode workers last, once every prefill
-        worker is done (its handoffs released) and no handoff is left to place. A run cut at
-        ``max_time`` first lets the transfers in flight end (copied, or refused by a decode
-        worker that has stopped): a prefill worker then takes its last releases before "end"."""
+        """Tell the workers no more arrivals come ("end"), prefill and mixed workers first. A
+        prefill worker whose loop has ended says "stopped": it hands off nothing more, but a
+        transfer of its KV may still be in flight (a run cut at ``max_time``). Once every one
+        has stopped and the handoffs are settled (each transfer copied, or refused by a decode
+        worker that has stopped), no more "release" can come: prefill workers are told "close",
+        and decode workers "end" once every other worker is done."""
         decode = [i for i, r in enumerate(self.remotes) if r.role == "decode"]
-        if self.handoffs is not None and self.clock.now() >= self.end:
-            while not self.handoffs.settled:
-                self._wait(self.ec.poll_s)
+        prefill = [i for i, r in enumerate(self.remotes) if r.role == "prefill"]
         for i, inbox in enumerate(self.ec._inboxes):
             if i not in decode:
                 inbox.put(("end",))
+        if self.handoffs is None:
+            return
+        while len(self.stopped) < len(prefill) or not self.handoffs.settled:
+            self._wait(self.ec.poll_s)
+        for i in prefill:
+            self.ec._inboxes[i].put(("close",))
         others = len(self.remotes) - len(decode)
-        while decode and not (self.handoffs.settled and len(self.done) == others):
+        while len(self.done) < others:
             self._wait(self.ec.poll_s)
         for i in decode:
             self.ec._inboxes[i].put(("end",))
@@ -465,6 +472,8 @@ class _Drive:
                         release.dropped(turns[rid])
         elif kind == "done":
             self.done[i] = msg[2:]
+        elif kind == "stopped":
+            self.stopped.add(i)
         elif kind == "handoffs" and self.handoffs is not None:
             self.handoffs.on_handoffs(i, msg[2])
         elif kind == "imported" and self.handoffs is not None:

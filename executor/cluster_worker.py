@@ -20,6 +20,8 @@ Disaggregated runs (``WorkerSpec.role`` prefill or decode; ``executor.kv_agent``
     ("import", wire, n, src, blocks)          ("imported", index, id, start, end, copy_s)
                          -> decode            / ("refused", index, id, now)
     ("release", id)      -> prefill frees     ("handoffs", index, [(id, n, blocks, ready)])
+    ("close",)           -> prefill: no more  ("stopped", index)  prefill: its loop has ended
+                            releases come
 
 Time base: ``start`` is a ``time.perf_counter()`` reading of the driver. On Linux perf_counter
 is ``CLOCK_MONOTONIC``, one clock for every process of the machine, so ``WallClock(start)``
@@ -256,6 +258,9 @@ def serve_run(
         if gc_was_enabled:
             gc.enable()
     arrivals.until_end(sched, clock.now())  # routed after a max_time cut: recorded unfinished
+    if spec.role == "prefill":
+        outbox.put(("stopped", index))
+        arrivals.until_close()  # a handoff in flight at a max_time cut is released meanwhile
     sched.finish_run()
     replica.check_integrity()
     engine.runner.check_integrity()
@@ -310,6 +315,7 @@ class InboxArrivals:
         self._pending: deque[Request] = deque()
         self._transfers: deque[tuple] = deque()  # "import" and "release" messages, in order
         self._ended = False
+        self._closed = False
 
     def _take(self, msg: tuple) -> None:
         kind = msg[0]
@@ -319,6 +325,8 @@ class InboxArrivals:
             self._transfers.append(msg)
         elif kind == "end":
             self._ended = True
+        elif kind == "close":
+            self._closed = True
         elif kind == "stop":
             raise StopWorker
         else:
@@ -369,6 +377,13 @@ class InboxArrivals:
             self._handle_transfers(stopped=True)
         self._handle_transfers(stopped=True)
         self.admit(sched, math.inf)
+
+    def until_close(self) -> None:
+        """A prefill replica's last wait, after "stopped": releases of its handoffs still in
+        flight (a run cut at ``max_time``) come until the driver's "close", after the last."""
+        while not self._closed:
+            self._take(self._inbox.get())
+            self._handle_transfers(stopped=True)
 
     def _handle_transfers(self, stopped: bool) -> None:
         """The queued "import" and "release" messages, in order: a release frees its

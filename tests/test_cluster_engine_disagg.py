@@ -168,3 +168,28 @@ def test_a_run_cut_at_max_time_ends_and_the_cluster_runs_again(pd):
                    decode_router=make_router("least_kv"), check_every=1)  # fmt: skip
     again.check()
     assert (again.merged().status == 0).all()
+
+
+def test_a_stopped_prefill_worker_takes_releases_until_close():
+    """After its loop has ended (a max_time cut), a prefill worker's inbox still brings the
+    releases of transfers that were in flight; it frees each and waits for "close", which the
+    driver sends after the last (so none is left for the next run's first command)."""
+    import queue
+
+    from executor.cluster_worker import InboxArrivals
+
+    class Agent:
+        def __init__(self) -> None:
+            self.released: list[int] = []
+
+        def release(self, rid: int) -> None:
+            self.released.append(rid)
+
+    inbox: queue.Queue = queue.Queue()
+    agent = Agent()
+    arrivals = InboxArrivals(inbox, None, 0.01, agent)  # type: ignore[arg-type]
+    for msg in (("release", 3), ("release", 5), ("close",)):
+        inbox.put(msg)
+    arrivals.until_close()
+    assert agent.released == [3, 5]
+    assert inbox.empty()
