@@ -140,7 +140,8 @@ class AcceptanceModel:
 
     def _drawn(self, x: np.ndarray, key: np.ndarray | np.uint64, kmax: int) -> np.ndarray:
         """``_hits(_uniforms)`` from the positions ``x`` (overwritten) and the ids' keys, in
-        place; the hits by bisection (``survival`` never increases)."""
+        place; the hits by counting the survivals above each ``u`` (by bisection for many
+        drafts: ``survival`` never increases)."""
         x *= _GOLDEN
         x ^= key
         x ^= x >> np.uint64(30)
@@ -152,7 +153,12 @@ class AcceptanceModel:
         u = x.astype(np.float64)
         u *= 1.0 / (1 << 53)
         surv = self._survival if kmax <= len(self._survival) else self.survival(kmax)
-        return kmax - np.searchsorted(surv[:kmax][::-1], u, side="right")
+        if kmax > 8:
+            return kmax - np.searchsorted(surv[:kmax][::-1], u, side="right")
+        out = np.zeros(u.shape, dtype=np.int64)  # few drafts: a comparison each is faster
+        for p in surv[:kmax].tolist():
+            out += u < p
+        return out
 
     def _uniforms(self, ids: np.ndarray, pos: np.ndarray) -> np.ndarray:
         """``u`` in [0, 1) per (request id, output position): the hash of the module docstring."""

@@ -156,12 +156,14 @@ def track_shape(tr: DraftTrack, k_eff: int, block_size: int) -> None:
     tr.rows = rows
 
 
-Shaped = tuple[np.ndarray, list[tuple[int, int, int]]]
+# per track: its rows, its corrections, and the steps (from its first) whose KEPT is not 0
+# with those KEPT values
+Shaped = tuple[np.ndarray, list[tuple[int, int, int]], list[int], list[int]]
 
 
 def shape_many(tracks: list[tuple[list[int], list[int], int]], k_eff: int, bs: int) -> list[Shaped]:
     """``track_shape`` of several tracks ``(ks, cum, c0)`` at once, in one vectorised pass: per
-    track its rows and its corrections."""
+    track its rows, its corrections and the steps at which its table keeps blocks."""
     n = np.fromiter((len(ks) for ks, _, _ in tracks), np.int64, len(tracks))
     total = int(n.sum())
     x = np.fromiter(chain.from_iterable(cum for _, cum, _ in tracks), np.int64, total + len(n))
@@ -175,7 +177,8 @@ def shape_many(tracks: list[tuple[list[int], list[int], int]], k_eff: int, bs: i
     tail[last - n] = False
     ctx, after, held, kept_after = x[head], x[tail], blocks[head], blocks[tail]
     k = np.full(total, k_eff, dtype=np.int64)
-    offs = (np.cumsum(n) - n).tolist()
+    starts = np.cumsum(n) - n
+    offs = starts.tolist()
     corrs: list[list[tuple[int, int, int]]] = []
     for (ks, cum, c0), o in zip(tracks, offs):
         corrs.append(_corrections(ks, cum, c0, k_eff))
@@ -184,8 +187,17 @@ def shape_many(tracks: list[tuple[list[int], list[int], int]], k_eff: int, bs: i
     rej = ctx + k + bs
     rej //= bs
     rej -= kept_after
-    rows = np.stack((ctx, after - ctx, rej, kept_after - held))
-    return [(rows[:, o : o + m], c) for o, m, c in zip(offs, n.tolist(), corrs)]
+    kept = kept_after - held
+    rows = np.stack((ctx, after - ctx, rej, kept))
+    at = np.flatnonzero(kept)  # the growth of every track, split below by track
+    grown = kept[at].tolist()
+    cut = np.searchsorted(at, starts).tolist() + [len(at)]
+    at -= np.repeat(starts, np.diff(cut))
+    local = at.tolist()
+    return [
+        (rows[:, o : o + m], c, local[a:b], grown[a:b])
+        for o, m, c, a, b in zip(offs, n.tolist(), corrs, cut, cut[1:])
+    ]
 
 
 def _corrections(ks: list[int], cum: list[int], c0: int, k_eff: int) -> list[tuple[int, int, int]]:

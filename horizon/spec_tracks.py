@@ -114,7 +114,7 @@ class SpecTracks:
         first = self._first.pop(r.request_id, None)
         self.k_eff = k_eff
         if first is not None and first[0] == key:  # drawn and shaped with its peers
-            _, ks, cum, (rows, corr) = first
+            _, ks, cum, (rows, corr, at, grown) = first
             tr = DraftTrack(r, seq, t, ks, cum, self.clock, c0, g0)
             tr.rows, tr.corr = rows, corr
         else:
@@ -123,6 +123,9 @@ class SpecTracks:
             assert ks, f"request {r.request_id}: a track without a step"
             tr = DraftTrack(r, seq, t, ks, cum, self.clock, c0, g0)
             track_shape(tr, k_eff, self.block_size)
+            kept = tr.rows[KEPT]
+            js = np.flatnonzero(kept)
+            at, grown = js.tolist(), kept[js].tolist()
         i = t - self._base
         if tr.end - self._base > self._rows.shape[1]:
             i = self._room(t, tr.end)
@@ -134,16 +137,16 @@ class SpecTracks:
             self._ends[tr.end] = [tr]
         else:
             ends.append(tr)
-        self._file_growth(tr)
+        self._file_growth(tr, at, grown)
         return tr
 
-    def _file_growth(self, tr: DraftTrack) -> None:
-        """File the steps at which ``tr``'s table keeps blocks (its ``KEPT`` row), by step."""
-        kept = tr.rows[KEPT]
-        js = np.flatnonzero(kept)
+    def _file_growth(self, tr: DraftTrack, at: list[int], grown: list[int]) -> None:
+        """File the steps at which ``tr``'s table keeps blocks (``at``, from its first step:
+        the nonzero entries of its ``KEPT`` row, ``grown``), by step."""
         grow, t0 = self._grow, tr.t0
         get = grow.get
-        for s, n in zip((js + t0).tolist(), kept[js].tolist()):
+        for j, n in zip(at, grown):
+            s = j + t0
             g = get(s)
             if g is None:
                 grow[s] = [(tr, n)]
