@@ -20,7 +20,6 @@ means with 95% t intervals per row, pattern and delay.
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
@@ -28,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
+from experiments import compact_json
 from experiments.cluster_setup import ReplicaSpec
 from experiments.gain_stats import mean_ci
 from horizon.cluster import Autoscaler, make_autoscaler, make_router
@@ -212,7 +212,10 @@ def main(argv: list[str] | None = None) -> dict:
            "runs": runs, "summary": summarize_runs(runs)}  # fmt: skip
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "autoscale.json").write_text(json.dumps(doc, separators=(",", ":")) + "\n")
+    # the figures to 8 significant digits (at 6 the figure's antialiasing moves), the conditions
+    # as set (the per-replica target is one measurement, handed to the autoscalers as it is)
+    text = compact_json.dumps(doc, 8, sort_keys=False, exact=("conditions",))
+    (out / "autoscale.json").write_text(text)
     for s in doc["summary"]:
         print(
             s["row"],

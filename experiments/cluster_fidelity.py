@@ -40,6 +40,8 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from experiments import compact_json
+
 REPO = Path(__file__).resolve().parents[1]
 MODEL = "qwen2.5-0.5b"
 NUM_BLOCKS = 2000
@@ -818,21 +820,22 @@ def main(argv: list[str] | None = None) -> None:
         print(tabulate(Path(args.engine), Path(args.out)))
         return
     if args.cmd == "fit-sharing":
-        fit = fit_sharing(Path(args.engine), args.source)
-        Path(args.out).write_text(json.dumps(fit, indent=1) + "\n")
+        fit = fit_sharing(Path(args.engine), args.source)  # the simulator's input: floats as is
+        Path(args.out).write_text(compact_json.dumps(fit, None, sort_keys=False))
         print(json.dumps({k: fit[k] for k in ("timeslice", "switch_factor_fitted")}))
         return
     if args.cmd == "fit-colocated":
         from experiments.colocated_fit import fit_colocated
 
-        fit = fit_colocated(Path(args.engine), args.source)
-        Path(args.out).write_text(json.dumps(fit, indent=1) + "\n")
+        fit = fit_colocated(Path(args.engine), args.source)  # the simulator's input, as is
+        Path(args.out).write_text(compact_json.dumps(fit, None, sort_keys=False))
         print(args.out)
         return
     doc = compare(Path(args.table), args.seed)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "cluster_fidelity.json").write_text(json.dumps(doc, separators=(",", ":")) + "\n")
+    # every float as it is: at fewer digits, errors a half unit from the page's 0.1 pts flip
+    (out / "cluster_fidelity.json").write_text(compact_json.dumps(doc, None, sort_keys=False))
     from experiments.cluster_fidelity_table import variants_table
 
     (out / "variants.md").write_text(variants_table(doc))

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from experiments import compact_json
 from experiments.cluster_settings import (
     NUM_BLOCKS,
     REPLICAS,
@@ -236,7 +237,7 @@ def main(argv: list[str] | None = None) -> dict:
         runs = run_tasks(tasks_of(setting, args.quick), args.jobs)
         summary = summarize_setting(setting, runs)
         doc = {"conditions": _conditions(setting, args.quick), "summary": summary, "runs": runs}
-        (out / f"{name}.json").write_text(json.dumps(doc, separators=(",", ":")) + "\n")
+        (out / f"{name}.json").write_text(compact_json.dumps(doc, 6, False, ("conditions",)))
         headline[name] = {r: s["rate_at_90"] for r, s in summary["rows"].items()}
         print(f"{name}: {len(runs)} runs in {time.perf_counter() - t0:.0f} s", flush=True)
     print(json.dumps(headline))

@@ -19,6 +19,16 @@ def rounded(obj: object, digits: int = 6) -> object:
     return obj
 
 
-def dumps(obj: object, digits: int = 6) -> str:
-    """``obj`` as compact JSON (``rounded``), one line and a newline."""
-    return json.dumps(rounded(obj, digits), sort_keys=True, separators=(",", ":")) + "\n"
+def dumps(
+    obj: object, digits: int | None = 6, sort_keys: bool = True, exact: tuple[str, ...] = ()
+) -> str:
+    """``obj`` as compact JSON, one line and a newline: floats ``rounded`` to ``digits``
+    significant digits (``None``: every float exactly as it is, only the whitespace goes) but
+    under the keys ``exact`` of ``obj`` (a dict then: settings such as ``conditions``, kept as
+    they were set), keys sorted unless ``sort_keys`` is false (then in the order a page
+    rendered from the file lists them)."""
+    out = obj if digits is None else rounded(obj, digits)
+    if exact:
+        assert isinstance(obj, dict) and isinstance(out, dict), "exact keys need a dict"
+        out = {k: obj[k] if k in exact else v for k, v in out.items()}
+    return json.dumps(out, sort_keys=sort_keys, separators=(",", ":")) + "\n"

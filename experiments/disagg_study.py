@@ -18,7 +18,6 @@ run's figures, then per row, SLO and load the mean goodput per GPU with a 95% t 
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
@@ -26,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
+from experiments import compact_json
 from experiments.cluster_setup import ReplicaSpec, simulate_cluster
 from experiments.gain_stats import mean_ci
 from horizon.cluster import make_router
@@ -138,7 +138,7 @@ def main(argv: list[str] | None = None) -> dict:
     doc = {"conditions": _conditions(args.quick), "runs": runs, "summary": summarize_runs(runs)}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "disagg.json").write_text(json.dumps(doc, separators=(",", ":")) + "\n")
+    (out / "disagg.json").write_text(compact_json.dumps(doc, 6, False, ("conditions",)))
     for row, by in doc["summary"].items():
         print(row, [round(x["goodput_per_gpu"], 2) for x in by["itl35"]])
     return doc

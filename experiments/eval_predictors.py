@@ -35,6 +35,7 @@ import numpy as np
 import yaml
 from tqdm import tqdm
 
+from experiments import compact_json
 from experiments.figure_style import save
 from horizon.workload import load_sharegpt, tokenize_corpus
 from predictors import make_predictor
@@ -191,7 +192,8 @@ def main(argv: list[str] | None = None) -> dict:
     figures = plot(rows, out_dir)
     out = summary(rows, split.info, n_points)
     everything = {"summary": out, "split": split.info, "predictors": rows, "figures": figures}
-    (out_dir / "eval_predictors.json").write_text(json.dumps(_no_nan(everything), indent=2) + "\n")
+    doc = compact_json.dumps(_no_nan(everything), sort_keys=False)
+    (out_dir / "eval_predictors.json").write_text(doc)
     _print_table(rows)
     print(json.dumps(out))
     return out

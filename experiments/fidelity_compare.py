@@ -18,10 +18,11 @@ Steps (each a function below, called in turn by ``compare``):
    step-time scatter (``NOISE_SEEDS``), and with every step 1% longer and shorter.
 5. **Repeat** (``_add_repeat``). A second engine run of the cases, scored like the simulator.
 
-Writes into the report folder ``report.json`` (every figure the page shows, and its
-conditions), ``table.csv`` (one row per run), ``steps_mape.json``, the plots, and the page
-``README.md`` rendered from ``report.json`` (``experiments.fidelity_page``; its hand-written
-notes are kept). Prints as its LAST line one JSON object, the headline.
+Writes into the report folder ``report.json`` (every figure the page shows, to
+``REPORT_DIGITS`` significant digits, and its conditions as set), ``table.csv`` (one row per
+run), ``steps_mape.json``, the plots, and the page ``README.md`` rendered from ``report.json``
+(``experiments.fidelity_page``; its hand-written notes are kept). Prints as its LAST line one
+JSON object, the headline.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
+from experiments import compact_json
 from experiments.fidelity_manifest import Case, Manifest
 from experiments.fidelity_ranking import banded, rank_pairs, same_ranking
 from horizon.metrics import summarize
@@ -49,6 +51,8 @@ STEP_MAPE_TARGET = 0.03  # the issue's bar: held-out step-time MAPE
 LATENCY_TARGET = 0.05  # ... relative error of every latency mean and p99
 GOODPUT_TARGET_PTS = 2.0  # ... and of lifetime goodput, in percentage points
 BAND_SLACK = 0.005  # a goodput within half a point of the simulator's range over noise seeds
+REPORT_DIGITS = 8  # report.json's and steps_mape.json's; at 6, figures a half unit from the
+# page's rounding flip
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -429,7 +433,7 @@ def compare(
     (default ``calibration/h200_<model>_online.csv.gz``). ``repeat_dir``: a second engine run
     of some of the fidelity cases (same layout): the report then compares the engine with
     itself, the floor of any simulator-vs-engine comparison. Returns the headline dict (the
-    printed last line; ``report.json``'s ``headline``).
+    printed last line; ``report.json``'s ``headline``, there to ``REPORT_DIGITS`` digits).
 
     Raises:
         FileNotFoundError: an engine run the manifest names is missing.
@@ -448,7 +452,8 @@ def compare(
     out = Path(report)
     out.mkdir(parents=True, exist_ok=True)
     _write_table(table, out / "table.csv")
-    (out / "steps_mape.json").write_text(json.dumps(step_mape, indent=1) + "\n")
+    text = compact_json.dumps(step_mape, REPORT_DIGITS, sort_keys=False)
+    (out / "steps_mape.json").write_text(text)
     from experiments.fidelity_report import document
 
     doc = document(
@@ -456,7 +461,8 @@ def compare(
         result=result, repeat=repeat, noisy=noisy,
         dirs={"engine": engine_dir, "repeat": repeat_dir, "report": _repo_path(out)},
     )  # fmt: skip
-    (out / "report.json").write_text(json.dumps(doc, indent=1) + "\n")
+    text = compact_json.dumps(doc, REPORT_DIGITS, sort_keys=False, exact=("conditions",))
+    (out / "report.json").write_text(text)
     _render(out)
     print(json.dumps(result))
     return result

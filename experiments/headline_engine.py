@@ -44,6 +44,7 @@ from pathlib import Path
 
 import numpy as np
 
+from experiments import compact_json
 from experiments.fidelity_manifest import Case, Manifest, PolicySpec, source_commit
 
 REPO = Path(__file__).resolve().parents[1]
@@ -556,7 +557,8 @@ def _write(result: dict, where: Path) -> None:
     from experiments.headline_page import write_page
 
     where.mkdir(parents=True, exist_ok=True)
-    (where / "headline_engine.json").write_text(json.dumps(result, indent=1) + "\n")
+    # every float as it is: a seed mean of 0.9915 rounded to any fewer digits shows as 0.992
+    (where / "headline_engine.json").write_text(compact_json.dumps(result, None, sort_keys=False))
     doc = json.loads((where / "headline_engine.json").read_text())
     print(write_page(doc, where / "headline_engine.md"))
 

@@ -29,6 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
+from experiments import compact_json
+
 REPO = Path(__file__).resolve().parents[1]
 MODEL = "qwen2.5-0.5b"
 NUM_BLOCKS = 2000
@@ -161,7 +163,7 @@ def compare(engine_root: Path, out: Path) -> dict:
            "slo": {"ttft": SLO_TTFT, "itl": SLO_ITL}, "rows": rows}  # fmt: skip
     doc["summary"] = summary(doc)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "pd_fidelity.json").write_text(json.dumps(doc, indent=1) + "\n")
+    _write_doc(doc, out)
     (out / "table.md").write_text(render(doc["summary"]))
     return doc
 
@@ -201,9 +203,15 @@ def add_colocated(table: Path, fold: str = "all") -> dict:
         row["colocated"] = figures(simulate(row["side"], requests, link, device, model))
         row["colocated"]["fold"] = fold
     doc["summary"] = summary(doc)
-    (table / "pd_fidelity.json").write_text(json.dumps(doc, indent=1) + "\n")
+    _write_doc(doc, table)
     (table / "table.md").write_text(render(doc["summary"]))
     return doc
+
+
+def _write_doc(doc: dict, where: Path) -> None:
+    """``pd_fidelity.json`` with every float as it is (``add_colocated`` reads its link back as
+    an input and checks its goodputs for equality)."""
+    (where / "pd_fidelity.json").write_text(compact_json.dumps(doc, None, sort_keys=False))
 
 
 def summary(doc: dict) -> list[dict]:

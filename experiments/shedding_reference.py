@@ -33,7 +33,6 @@ request contents only, so their ranking and their run agree.
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -42,6 +41,7 @@ from pathlib import Path
 import numpy as np
 from hydra import initialize_config_dir
 
+from experiments import compact_json
 from experiments.components import build_components
 from experiments.config_store import register_configs
 from experiments.gain_runner import Plan, Runner
@@ -285,7 +285,7 @@ def _line(row: dict) -> str:
 
 def _write(out: dict, out_dir: Path) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "shedding_reference.json").write_text(json.dumps(out, indent=2) + "\n")
+    (out_dir / "shedding_reference.json").write_text(compact_json.dumps(out, sort_keys=False))
     header = ["policy", "sizes ranked by", "rate (req/s)", "no shedding", "best shed",
               "goodput [seed range]", "kept goodput", "token-steps shed"]  # fmt: skip
     body = []

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from experiments.fidelity_compare import METRICS, compare, engine_pipelined
+from experiments.compact_json import rounded
+from experiments.fidelity_compare import METRICS, REPORT_DIGITS, compare, engine_pipelined
 from experiments.fidelity_manifest import Case, Manifest
 from experiments.fidelity_ranking import rank_pairs as _rank_pairs
 from experiments.fidelity_ranking import same_ranking as _same_ranking
@@ -97,7 +98,8 @@ def test_the_report_json_holds_every_figure_with_its_conditions(repeated):
     out = d / "report"
     doc = json.loads((out / "report.json").read_text())
     assert doc["format"] == "horizon-fidelity-report" and doc["version"] == 1
-    assert doc["headline"] == json.loads(json.dumps(result))
+    assert doc["headline"] == rounded(json.loads(json.dumps(result)), REPORT_DIGITS)
+    assert doc["headline"]["goodput_err_pts"] == pytest.approx(result["goodput_err_pts"], rel=1e-7)
     c = doc["conditions"]
     m = Manifest.load(d / "manifest.json")
     assert (c["model"], c["gpu"], c["torch"]) == ("qwen2.5-0.5b", "NVIDIA H200", "2.11.0+cu130")
