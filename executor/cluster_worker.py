@@ -257,6 +257,13 @@ def serve_run(
     finally:
         if gc_was_enabled:
             gc.enable()
+    _finish(index, spec, engine, replica, arrivals, agent, clock, outbox, stalled, inner.outputs)
+
+
+def _finish(index, spec, engine, replica, arrivals, agent, clock, outbox, stalled, outputs) -> None:  # noqa: ANN001
+    """After the serving loop: the messages still due (arrivals until "end"; a prefill
+    replica's releases until "close"), the integrity checks, then "done" with the records."""
+    sched = replica.scheduler
     arrivals.until_end(sched, clock.now())  # routed after a max_time cut: recorded unfinished
     if spec.role == "prefill":
         outbox.put(("stopped", index))
@@ -266,7 +273,7 @@ def serve_run(
     engine.runner.check_integrity()
     records = sched.recorder.build()
     info = {"steps": len(records.step_end), "stalled": stalled, "end": clock.now(),
-            "outputs": inner.outputs}  # fmt: skip
+            "outputs": outputs}  # fmt: skip
     if agent is not None:
         agent.check_integrity()
         info["copy_s"], info["handed"] = agent.copy_s, len(agent.handed)
