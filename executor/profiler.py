@@ -129,9 +129,15 @@ class StepProfiler:
     def _ids(self, n: int) -> list[int]:
         return self._rng.integers(0, self._vocab, n).tolist()
 
-    def build(self, shape: Shape):  # noqa: ANN201
-        """(plan, block tables) of ``shape``, its requests started on the runner."""
-        bs, tables, block = self.runner.block_size, {}, 0
+    def build(self, shape: Shape, first_id: int = 0, first_block: int = 0):  # noqa: ANN201
+        """(plan, block tables) of ``shape``, its requests started on the runner, their ids
+        from ``first_id`` and their blocks from ``first_block`` (two shapes built at once
+        need apart ids and blocks). Raises ValueError, having started none, for a shape
+        whose blocks do not fit the cache."""
+        bs, tables, block = self.runner.block_size, {}, first_block
+        need = first_block + shape.num_blocks(bs)
+        if need > self.num_blocks:
+            raise ValueError(f"shape needs {need} KV blocks, the cache has {self.num_blocks}")
         decodes, prefills = [], []
 
         def take(rid: int, tokens: int) -> None:
@@ -141,19 +147,17 @@ class StepProfiler:
             block += n
 
         for c in shape.decode_contexts:  # prompt c - 1 tokens, one token emitted: decodes at c
-            r = Request(len(tables), 0.0, c - 1, 2, 2)
+            r = Request(first_id + len(tables), 0.0, c - 1, 2, 2)
             r.advance(c - 1)
             self.runner.start(r, self._ids(c - 1), generated=self._ids(1))
             take(r.request_id, c)
             decodes.append(r)
         for prefix, n in shape.chunks:
-            r = Request(len(tables), 0.0, prefix + n, 2, 2)
+            r = Request(first_id + len(tables), 0.0, prefix + n, 2, 2)
             r.set_computed(prefix)
             self.runner.start(r, self._ids(prefix + n))
             take(r.request_id, prefix + n)
             prefills.append((r, n))
-        if block > self.num_blocks:
-            raise ValueError(f"shape needs {block} KV blocks, the cache has {self.num_blocks}")
         self._step += 1
         return plan_of(self._step, decodes, prefills), tables
 

@@ -125,6 +125,25 @@ def test_profiler_steps_have_the_schedulers_shape_fields(model, tmp_path):
         prof.build(Shape("decode", (128,) * 4))
 
 
+def test_duty_cycle_times_full_steps_between_decode_steps(model):
+    from executor.duty_cycle import run
+
+    c = model.config
+    kv = allocate_kv_cache(c.num_layers, 40, 4, c.num_kv_heads, c.head_dim, torch.float32, "cpu")
+    runner = ModelRunner(model, kv, 8, 64, 128)
+    full, decode = Shape("prefill", (), ((0, 30),)), Shape("decode", (9, 20, 33))
+    rows = run(StepProfiler(runner), full, decode, (0, 2), rounds=4)
+    assert runner.num_sequences == 0  # both shapes' requests released
+    assert [r["gap"] for r in rows] == [0, 2]
+    assert [r["full_steps"] for r in rows] == [2, 2]  # the first two rounds of a gap dropped
+    assert [r["decode_steps"] for r in rows] == [0, 8]
+    assert rows[0]["decode_ms"] is None and rows[1]["decode_ms"] > 0
+    assert all(r["full_ms"] > 0 and r["wall_end"] >= r["wall_start"] for r in rows)
+    with pytest.raises(ValueError, match="KV blocks"):  # 8 + 64 blocks: the cache is 40
+        run(StepProfiler(runner), full, Shape("decode", (64,) * 4), (1,), rounds=1)
+    assert runner.num_sequences == 0
+
+
 def test_default_grid_covers_the_plan_space():
     shapes = grid(2048, 256)
     kinds = {s.kind for s in shapes}
