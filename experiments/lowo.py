@@ -9,7 +9,9 @@ workload (the case name less ``cal_`` and ``_r<rate>``). For each held-out workl
 ``EngineCostModel`` and ``PhysicalCostModel`` are fitted on the *other* workloads' steps only
 (not the calibration CSV, which holds every committed workload's steps) and judged. The
 physical fit also sees the shape's profiler grid (``GRIDS``: offline steps of fixed shapes, no
-workload's, so in every fold; ``simulator.physical_cost_model.grid_rows``). Both are judged
+workload's, so in every fold; ``simulator.physical_cost_model.grid_rows``) and carries the
+shape's clock state (``CLOCKS``: ``executor.duty_cycle``'s measurement on the GPU,
+``simulator.clock_state``; ``--no-clock``: without it). Both are judged
 
 * on the held-out steps: bias (sum predicted / sum measured - 1) and MAPE;
 * on the held-out runs, each re-simulated with each fit (``experiments.lowo_runs``): mean
@@ -35,6 +37,8 @@ import numpy as np
 
 from experiments.lowo_runs import Run, Source, compare_run, is_workload, load_runs
 from experiments.lowo_table import summaries, table
+from simulator import clock_state, gpu_spec
+from simulator.clock_state import ClockTable
 from simulator.engine_cost_model import EngineCostModel, rows_of
 from simulator.physical_cost_model import PhysicalCostModel, grid_rows
 
@@ -51,6 +55,8 @@ SOURCES = {
     ),
 }
 GRIDS = {m: f"calibration/h200_{m}.csv" for m in SOURCES}  # executor.profiler's grids
+# executor.duty_cycle's measurements: the physical fit's clock state (simulator.clock_state)
+CLOCKS = {m: f"results/duty_cycle/h200_{m}.json" for m in SOURCES}
 TARGETS = {"bias": 0.015, "mape": 0.03, "itl_mean": 0.03, "e2e_mean": 0.03, "goodput_pts": 2.0,
            "in_band": 0.90}  # fmt: skip
 # 5 seeds, half the fidelity report's 10 (the runtime): fewer seeds, a narrower band, so the
@@ -88,14 +94,14 @@ def lease_offsets(runs: list[Run], model: str) -> dict[str, dict]:
     return out
 
 
-def _rows(runs: list[Run], offsets: dict[str, dict]) -> np.ndarray:
-    """The runs' step rows, each run's durations divided by its lease's offset."""
+def _rows(runs: list[Run], offsets: dict[str, dict]) -> list[np.ndarray]:
+    """Each run's step rows, its durations divided by its lease's offset."""
     parts = []
     for r in runs:
         rows = rows_of([r.records])
         rows[:, -1] /= offsets[r.source.engine_dir]["offset"]
         parts.append(rows)
-    return np.concatenate(parts)
+    return parts
 
 
 def judge(model, runs: list[Run], offsets: dict[str, dict]) -> dict:  # noqa: ANN001
@@ -118,24 +124,40 @@ def judge(model, runs: list[Run], offsets: dict[str, dict]) -> dict:  # noqa: AN
     }
 
 
+def _physical(  # noqa: ANN202 - a PhysicalCostModel or ClockStateCost
+    model: str, train: list[np.ndarray], grid: np.ndarray, clock: ClockTable | None
+):
+    """The physical fit of ``train``: with the clock state of ``clock`` where given."""
+    floor = 1e9 / gpu_spec("H200").mem_bandwidth  # the GPU the engine runs ran on
+    if clock is None:
+        return PhysicalCostModel.fit(np.concatenate(train), model, grid=grid, kv_floor=floor)
+    return clock_state.fit(train, clock, model, grid, floor)
+
+
 def lowo(
-    model: str, runs: list[Run], offsets: dict[str, dict], noise_seeds: tuple[int, ...] = ()
+    model: str,
+    runs: list[Run],
+    offsets: dict[str, dict],
+    noise_seeds: tuple[int, ...] = (),
+    clock: ClockTable | None = None,
 ) -> tuple[list[dict], list[dict]]:
     """(held-out step rows, held-out run rows) of every workload of ``model``'s ``runs``;
-    ``noise_seeds``: the physical fit's scatter band per run (``compare_run``)."""
+    ``noise_seeds``: the physical fit's scatter band per run (``compare_run``); ``clock``:
+    the physical fit's clock state (``simulator.clock_state``; None: none)."""
     runs = [r for r in runs if is_workload(r)]
     grid = grid_rows(GRIDS[model])
     steps, per_run = [], []
     for held in sorted({r.workload for r in runs}):
         train = _rows([r for r in runs if r.workload != held], offsets)
         fits = {
-            "engine": EngineCostModel.fit(train),
-            "physical": PhysicalCostModel.fit(train, model=model, grid=grid),
+            "engine": EngineCostModel.fit(np.concatenate(train)),
+            "physical": _physical(model, train, grid, clock),
         }
         test = [r for r in runs if r.workload == held]
         for name, m in fits.items():
             steps.append({"model": model, "held_out": held, "cost_model": name,
-                          "train_steps": len(train), "grid_steps": len(grid) * (name == "physical"),
+                          "train_steps": sum(map(len, train)),
+                          "grid_steps": len(grid) * (name == "physical"),
                           **judge(m, test, offsets)})  # fmt: skip
         for r in test:
             if r.source.manifest is not None:
@@ -146,14 +168,18 @@ def lowo(
     return steps, per_run
 
 
-def main(out: str = "results/lowo", noise_seeds: tuple[int, ...] = NOISE_SEEDS) -> dict:
-    doc: dict = {"command": "python -m experiments.lowo", "targets": TARGETS,
-                 "noise_seeds": list(noise_seeds),
-                 "steps": [], "runs": [], "leases": {}}  # fmt: skip
+def main(
+    out: str = "results/lowo", noise_seeds: tuple[int, ...] = NOISE_SEEDS, clock: bool = True
+) -> dict:
+    doc: dict = {"command": "python -m experiments.lowo" + ("" if clock else " --no-clock"),
+                 "targets": TARGETS, "noise_seeds": list(noise_seeds),
+                 "steps": [], "runs": [], "leases": {}, "clocks": {}}  # fmt: skip
     for model, sources in SOURCES.items():
         runs = load_runs(sources)
         offsets = lease_offsets(runs, model)
-        steps, per_run = lowo(model, runs, offsets, noise_seeds)
+        clocks = ClockTable.from_duty_cycle(CLOCKS[model]) if clock else None
+        doc["clocks"][model] = CLOCKS[model] if clock else None
+        steps, per_run = lowo(model, runs, offsets, noise_seeds, clocks)
         doc["steps"] += steps
         doc["runs"] += per_run
         doc["leases"][model] = offsets
@@ -172,5 +198,7 @@ if __name__ == "__main__":
     ap.add_argument("--out", default="results/lowo")
     ap.add_argument("--noise-seeds", type=int, default=len(NOISE_SEEDS),
                     help="seeds of the physical fit's scatter band (0: no band)")  # fmt: skip
+    ap.add_argument("--no-clock", action="store_true",
+                    help="the physical fit without its clock state")  # fmt: skip
     a = ap.parse_args()
-    main(a.out, tuple(range(a.noise_seeds)))
+    main(a.out, tuple(range(a.noise_seeds)), not a.no_clock)

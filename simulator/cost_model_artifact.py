@@ -34,7 +34,7 @@ from simulator.physical_cost_model import PhysicalCostModel, grid_path
 FORMAT = "horizon-engine-cost-fit"
 VERSION = 1
 PHYSICAL_FORMAT = "horizon-physical-cost-fit"
-PHYSICAL_VERSION = 2  # 2: the compute side, the grid
+PHYSICAL_VERSION = 3  # 2: the compute side, the grid; 3: the longest walk
 
 
 def fit_path(calibration: str | Path) -> Path:

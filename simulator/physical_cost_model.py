@@ -4,7 +4,7 @@
 A step is bound by memory or by compute, whichever takes longer, plus the host's work::
 
     memory  = a_graph * [decode-only] + a_mixed * [mixed] + w * padded_tokens
-              + k * kv_gb + q * attention_pairs
+              + k * kv_gb + q * attention_pairs + l * longest_walk
     compute = f * linear_tflop + g * attention_tflop
     t       = max(memory, compute) + h * requests + r * refreshed + s * preempting + o
 
@@ -16,6 +16,12 @@ A step is bound by memory or by compute, whichever takes longer, plus the host's
   token, in GB: the one term that grows with context, priced per byte so longer contexts than
   calibrated cost what the bytes cost;
 * ``attention_pairs``: the prefill chunks' query x key pairs;
+* ``longest_walk``: mixed steps only, ``max(decode context / decodes, prefill context /
+  chunks) / 1,000``, the larger mean context in thousands of tokens. The mixed graph's
+  attention runs one program per query tile and KV head over a sequence's whole context, with
+  no split along the keys, so a mixed step of few rows over long contexts waits on its longest
+  walk (latency, not bytes: a 0.5B's 16-token chunk over 3,088 tokens of prefix costs ~180x
+  its KV bytes at the GPU's bandwidth);
 * ``linear_tflop``: the linear layers' FLOPs, 2 x the shape's matmul parameters x padded
   tokens; ``attention_tflop``: 4 x layers x query heads x head dim per attention pair (QK^T
   and PV). ``1 / f`` and ``1 / g`` are the effective throughputs (TFLOP/s) once a step is
@@ -53,7 +59,14 @@ from horizon.step_buckets import bucket_of
 from simulator.engine_cost_model import STEP_COLUMNS, Buckets, NoisyStepCost, read_steps
 
 DEFAULT_BUCKETS = Buckets()
-MEMORY = ("decode_graph", "mixed_graph", "padded_tokens", "kv_gb", "attention_pairs")
+MEMORY = (
+    "decode_graph",
+    "mixed_graph",
+    "padded_tokens",
+    "kv_gb",
+    "attention_pairs",
+    "longest_walk",
+)
 COMPUTE = ("linear_tflop", "attention_tflop")
 HOST = ("requests", "refreshed", "preempting", "online_host")
 TERMS = (*MEMORY, *COMPUTE, *HOST)
@@ -81,7 +94,8 @@ def physical_features(
         dtype=np.float64,
     )
     kv_gb = (dctx + pctx) * kv_bytes_per_token / 1e9
-    memory = np.stack([1.0 - mixed, mixed, padded, kv_gb, pairs], axis=1)
+    walk = mixed * np.maximum(dctx / np.maximum(d, 1), pctx / np.maximum(n, 1)) / 1e3
+    memory = np.stack([1.0 - mixed, mixed, padded, kv_gb, pairs, walk], axis=1)
     compute = np.stack([padded * tflops[0], pairs * tflops[1]], axis=1)
     host = np.stack([d + n, ref, (pre > 0).astype(np.float64), np.ones(len(rows))], axis=1)
     return memory, compute, host
@@ -164,6 +178,8 @@ class PhysicalCostModel:
     kv_bytes_per_token: int
     buckets: Buckets = DEFAULT_BUCKETS
     tflops: tuple[float, float] = (0.0, 0.0)
+    # seconds per GB of KV read that no fit lowers (1e9 / the GPU's bandwidth; 0: none)
+    kv_floor: float = 0.0
     meta: dict = field(default_factory=dict, compare=False)
     # where it came from (``simulator.cost_model_artifact``): files and their SHA-256
     provenance: dict | None = field(default=None, compare=False)
@@ -176,8 +192,8 @@ class PhysicalCostModel:
             raise ValueError(
                 f"PhysicalCostModel.coef needs {len(TERMS)} values, got {len(self.coef)}"
             )
-        if min(self.coef) < 0 or min(self.tflops) < 0:
-            raise ValueError("PhysicalCostModel.coef and tflops must be >= 0")
+        if min(self.coef) < 0 or min(self.tflops) < 0 or not self.kv_floor >= 0:
+            raise ValueError("PhysicalCostModel.coef, tflops and kv_floor must be >= 0")
 
     @classmethod
     def fit(  # noqa: ANN206
@@ -187,6 +203,7 @@ class PhysicalCostModel:
         buckets: Buckets = DEFAULT_BUCKETS,
         meta: dict | None = None,
         grid: np.ndarray | None = None,
+        kv_floor: float = 0.0,
     ):
         """Fit to ``STEP_COLUMNS`` rows of online steps (steps without a token ignored) of the
         shape ``model`` and the offline ``grid`` rows (``grid_rows``), if any, weighted as
@@ -202,8 +219,10 @@ class PhysicalCostModel:
         host[len(rows) :, -1] = 0.0  # offline steps: no online host work
         base = np.ones(len(both))
         base[len(rows) :] = GRID_WEIGHT * len(rows) / max(len(grid), 1)
-        coef = _fit_max((memory, compute, host), both[:, -1], base)
-        fitted = cls(tuple(float(c) for c in coef), kvb, buckets, tf, dict(meta or {}))
+        y = both[:, -1]
+        rest = np.maximum(y - kv_floor * memory[:, 3], 1e-3 * y)  # the time above the floor
+        coef = _fit_max((memory, compute, host), rest, base * rest / y)  # error relative to y
+        fitted = cls(tuple(float(c) for c in coef), kvb, buckets, tf, kv_floor, dict(meta or {}))
         return fitted.with_residuals(rows)
 
     def with_residuals(self, rows: np.ndarray) -> PhysicalCostModel:
@@ -244,7 +263,9 @@ class PhysicalCostModel:
         are kept (relative: the scaled model times the same scatter)."""
         if not (math.isfinite(factor) and factor > 0):
             raise ValueError(f"scale factor must be finite and > 0, got {factor!r}")
-        return replace(self, coef=tuple(c * factor for c in self.coef))
+        return replace(
+            self, coef=tuple(c * factor for c in self.coef), kv_floor=self.kv_floor * factor
+        )
 
     def predict_rows(self, rows: np.ndarray) -> np.ndarray:
         memory, compute, host = physical_features(
@@ -252,7 +273,7 @@ class PhysicalCostModel:
         )
         c, nm, nc = np.array(self.coef), len(MEMORY), len(COMPUTE)
         t = np.maximum(memory @ c[:nm], compute @ c[nm : nm + nc]) + host @ c[nm + nc :]
-        return np.maximum(t, 1e-6)
+        return np.maximum(t + self.kv_floor * memory[:, 3], 1e-6)
 
     def step_time(self, plan: StepPlan) -> float:
         """The step's seconds: ``predict_rows`` of its row, in scalar arithmetic (the
@@ -266,9 +287,19 @@ class PhysicalCostModel:
         ctx = plan.decode_context_tokens + plan.prefill_context_tokens
         memory = (c[1] if p > 0 else c[0]) + c[2] * padded
         memory += c[3] * (ctx * self.kv_bytes_per_token / 1e9) + c[4] * pairs
-        compute = c[5] * (padded * self.tflops[0]) + c[6] * (pairs * self.tflops[1])
-        t = max(memory, compute) + c[7] * (d + len(plan.prefills)) + c[8] * plan.num_refreshed
-        t += (c[9] if plan.preempted else 0.0) + c[10]
+        if p > 0:
+            n = len(plan.prefills)
+            memory += (
+                c[5]
+                * max(
+                    plan.decode_context_tokens / max(d, 1), plan.prefill_context_tokens / max(n, 1)
+                )
+                / 1e3
+            )
+        compute = c[6] * (padded * self.tflops[0]) + c[7] * (pairs * self.tflops[1])
+        t = max(memory, compute) + c[8] * (d + len(plan.prefills)) + c[9] * plan.num_refreshed
+        t += (c[10] if plan.preempted else 0.0) + c[11]
+        t += self.kv_floor * (ctx * self.kv_bytes_per_token / 1e9)
         return max(t, 1e-6)
 
     @functools.cached_property

@@ -22,8 +22,9 @@ from simulator.physical_cost_model import (
     tflop_per,
 )
 
-# memory side, compute side (s per TFLOP: 625 and 286 TFLOP/s), host (last: online host work)
-TRUE = (4e-3, 6e-3, 2e-6, 1.5e-3, 1e-10, 1.6e-3, 3.5e-3, 2e-6, 1e-6, 2e-4, 5e-4)
+# memory side (its 6th: 0.1 ms per 1,000 tokens of a mixed step's longest walk), compute side
+# (s per TFLOP: 625 and 286 TFLOP/s), host (last: online host work)
+TRUE = (4e-3, 6e-3, 2e-6, 1.5e-3, 1e-10, 1e-4, 1.6e-3, 3.5e-3, 2e-6, 1e-6, 2e-4, 5e-4)
 TFLOPS = tflop_per(model_shape("qwen2.5-7b"))
 NM, NC = len(MEMORY), len(COMPUTE)
 
@@ -65,7 +66,7 @@ def test_the_knee_recovers_both_sides_coefficients_and_extrapolates_to_4x_contex
     assert 0.1 < (compute > memory).mean() < 0.9  # steps on both sides of the knee
     m = PhysicalCostModel.fit(rows)
     assert m.tflops == TFLOPS
-    assert np.allclose(m.coef[:7], TRUE[:7], rtol=0.02)  # memory and compute sides
+    assert np.allclose(m.coef[: NM + NC], TRUE[: NM + NC], rtol=0.02)  # memory and compute sides
     assert m.coef[-1] == pytest.approx(TRUE[-1], rel=0.05)
     far = _steps(rng, 500, ctx_scale=4.0)
     err = np.abs(m.predict_rows(far) / far[:, -1] - 1)
@@ -231,3 +232,47 @@ def _online(path):
 
     rows, meta = read_steps(path)
     return rows, "qwen2.5-7b", Buckets(**meta["buckets"])
+
+
+def test_the_kv_floor_prices_kv_bytes_at_the_bandwidth_and_the_fit_keeps_the_rest():
+    """Steps whose KV read costs 1 / 4.2 TB/s per byte on top of ``TRUE``: the fit with that
+    floor recovers ``TRUE`` and its price, and scaling scales the floor with the rest."""
+    floor = 1e9 / 4.2e12
+    rng = np.random.default_rng(4)
+    rows = _steps(rng, 3000)
+    kv_gb = (rows[:, 2] + rows[:, 3]) * 57344 / 1e9
+    rows[:, -1] += floor * kv_gb
+    m = PhysicalCostModel.fit(rows, kv_floor=floor)
+    assert m.kv_floor == floor
+    assert np.allclose(m.coef[: NM + NC], TRUE[: NM + NC], rtol=0.02, atol=1e-9)
+    far = _steps(rng, 500, ctx_scale=4.0)
+    far[:, -1] += floor * (far[:, 2] + far[:, 3]) * 57344 / 1e9
+    assert np.abs(m.predict_rows(far) / far[:, -1] - 1).mean() < 0.01
+    assert np.allclose(m.scaled(1.1).predict_rows(far), 1.1 * m.predict_rows(far))
+    with pytest.raises(ValueError, match="kv_floor"):
+        PhysicalCostModel(TRUE, 57344, kv_floor=-1.0)
+
+
+def test_step_time_of_a_plan_is_predict_rows_of_its_row():
+    from types import SimpleNamespace
+
+    m = PhysicalCostModel(TRUE, 57344, Buckets(), TFLOPS, kv_floor=2.4e-4)
+    rng = np.random.default_rng(5)
+    plans, rows = [], []
+    for _ in range(300):
+        d, n = int(rng.integers(0, 60)), int(rng.integers(0, 4))
+        p = int(rng.integers(1, 600)) * n
+        dctx, pctx = d * int(rng.integers(10, 3000)), p + n * int(rng.integers(0, 4000))
+        pairs, ref, pre = int(rng.integers(0, 10**6)) * (n > 0), int(rng.integers(0, 3)), n == 1
+        if p + d == 0:
+            continue
+        plans.append(SimpleNamespace(decodes=(0,) * d, prefills=((0, 1),) * n,
+                                     num_prefill_tokens=p, prefill_attention_pairs=pairs,
+                                     decode_context_tokens=dctx, prefill_context_tokens=pctx,
+                                     num_refreshed=ref, preempted=(1,) * pre))  # fmt: skip
+        rows.append([p, d, dctx, pctx, pairs, n, ref, int(pre), 0.0])
+    want = m.predict_rows(np.array(rows, dtype=float))
+    got = np.array([m.step_time(plan) for plan in plans])
+    assert np.allclose(got, want, rtol=1e-12)
+    memory, _, _ = physical_features(np.array(rows, dtype=float), Buckets(), 57344, TFLOPS)
+    assert memory[:, 5].max() > 1.0  # the longest walk is exercised
