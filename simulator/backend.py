@@ -21,7 +21,7 @@ from horizon.drawn_verifies import DrawnAccepted, DrawnVerifies
 from horizon.plan import StepPlan, StepResult, new_result
 from horizon.serving_loop import Clock, InFlight
 from horizon.trace_stop import TraceStop
-from simulator.cost_model import CostModel
+from simulator.cost_model import CostModel, fresh_cost_model
 from simulator.drawn_stop import DrawnStop
 from simulator.shared_device import SharedDevice
 
@@ -58,14 +58,14 @@ class SimBackend:
             raise ValueError("SimBackend.device needs the clock")
         if drawn and (acceptance is None or not event_mode):
             raise ValueError("SimBackend.drawn needs the acceptance model and event mode")
-        self.cost_model = cost_model
+        self.cost_model = fresh_cost_model(cost_model)  # its own state, where it has one
         self.device = device
         self.clock = clock
         self.pipelined = pipelined
         self._stop = TraceStop(event_mode)
         self._drawn = DrawnStop() if drawn else None
         self.acceptance = acceptance
-        self._wake_delay = getattr(cost_model, "wake_delay", None)
+        self._wake_delay = getattr(self.cost_model, "wake_delay", None)
         # pipelined: the latest non-empty step's end (a step starts at max(now, this))
         self._last_end: float | None = None
 
@@ -142,6 +142,10 @@ class SimBackend:
         return self.clock.until(step.end) if step.end > self.clock.now() else None
 
     def check_integrity(self) -> None:
-        """Stateless between steps but for the shared device's bookings."""
+        """Stateless between steps but for the shared device's bookings and the cost model's
+        own state (where it has one)."""
         if self.device is not None:
             self.device.check_integrity()
+        check = getattr(self.cost_model, "check_integrity", None)
+        if check is not None:
+            check()

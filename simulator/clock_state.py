@@ -23,6 +23,7 @@ slowdown at share 1) before fitting the physical model, so that the base prices 
 from __future__ import annotations
 
 import json
+from bisect import bisect_right
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
@@ -98,6 +99,19 @@ class ClockTable:
         d = np.interp(share, self.shares, self.decode)
         return np.where(mixed, m, d)
 
+    def deflate(self, rows: np.ndarray) -> np.ndarray:
+        """One run's ``STEP_COLUMNS`` rows (in the order measured; steps without a token
+        dropped) with each duration divided by its slowdown (``heat``): a cold GPU's times."""
+        rows = rows[(rows[:, 0] + rows[:, 1]) > 0].copy()
+        rows[:, -1] /= 1.0 + self.slowdown(heat(rows, self), rows[:, 0] > 0)
+        return rows
+
+    def deflate_grid(self, grid: np.ndarray) -> np.ndarray:
+        """The profiler grid's back-to-back steps divided by the slowdown at share 1."""
+        grid = grid.copy()
+        grid[:, -1] /= 1.0 + self.slowdown(1.0, grid[:, 0] > 0)
+        return grid
+
     @property
     def is_flat(self) -> bool:
         """No slowdown at any share (a GPU that never throttled)."""
@@ -117,6 +131,18 @@ def heat(rows: np.ndarray, table: ClockTable) -> np.ndarray:
     return (hots[:-1] - before) / table.window_s
 
 
+def _interp(x: float, xs: tuple[float, ...], ys: tuple[float, ...]) -> float:
+    """``np.interp(x, xs, ys)`` for one float (held beyond the ends), without numpy's
+    per-call cost."""
+    i = bisect_right(xs, x)
+    if i == 0:
+        return ys[0]
+    if i == len(xs):
+        return ys[-1]
+    x0, x1 = xs[i - 1], xs[i]
+    return ys[i - 1] + (ys[i] - ys[i - 1]) * (x - x0) / (x1 - x0) if x1 > x0 else ys[i]
+
+
 class ClockStateCost:
     """``base.step_time(plan) * (1 + table.slowdown(share))`` with ``share`` over the steps
     this object priced (``ClockTable``). Stateful: one per simulated run; ``scaled`` and
@@ -130,6 +156,8 @@ class ClockStateCost:
         self.residuals = getattr(base, "residuals", None)
         self._steps: deque[tuple[float, bool]] = deque()
         self._busy = self._hot = 0.0
+        self._flat = table.is_flat
+        self._shares, self._mixed, self._decode = table.shares, table.mixed, table.decode
 
     def share(self) -> float:
         """The hot share of the last ``window_s`` busy seconds priced (0 before any step)."""
@@ -143,8 +171,9 @@ class ClockStateCost:
         t = self.base.step_time(plan)
         if plan.is_empty:
             return t
-        mixed = plan.num_prefill_tokens > 0
-        t *= 1.0 + float(self.table.slowdown(self.share(), mixed))
+        if not self._flat:
+            col = self._mixed if plan.num_prefill_tokens > 0 else self._decode
+            t *= 1.0 + _interp(self.share(), self._shares, col)
         hot = plan.num_prefill_tokens + len(plan.decodes) >= self.table.hot_tokens
         self._steps.append((t, hot))
         self._busy += t
@@ -170,6 +199,10 @@ class ClockStateCost:
         slow = self.table.slowdown(heat(rows, self.table), rows[:, 0] > 0)
         return self.base.predict_rows(rows) * (1.0 + slow)
 
+    def fresh(self) -> ClockStateCost:
+        """This model at its start state (a cold GPU): one per simulated replica and run."""
+        return ClockStateCost(self.base, self.table)
+
     def scaled(self, factor: float) -> ClockStateCost:
         return ClockStateCost(self.base.scaled(factor), self.table)
 
@@ -191,13 +224,7 @@ def fit(
     measured) with every step divided by its slowdown, and ``grid`` (the profiler's
     back-to-back steps) by the slowdown at share 1 (``kv_floor``: as
     ``PhysicalCostModel.fit``'s); wrapped in ``ClockStateCost``."""
-    parts = []
-    for rows in runs:
-        rows = rows[(rows[:, 0] + rows[:, 1]) > 0].copy()
-        rows[:, -1] /= 1.0 + table.slowdown(heat(rows, table), rows[:, 0] > 0)
-        parts.append(rows)
-    if grid is not None:
-        grid = grid.copy()
-        grid[:, -1] /= 1.0 + table.slowdown(1.0, grid[:, 0] > 0)
+    parts = [table.deflate(rows) for rows in runs]
+    grid = None if grid is None else table.deflate_grid(grid)
     base = PhysicalCostModel.fit(np.concatenate(parts), model, grid=grid, kv_floor=kv_floor)
     return ClockStateCost(base, table)

@@ -20,9 +20,19 @@ from simulator.gpu import GpuSpec
 
 
 class CostModel(Protocol):
-    """Maps a plan to its duration in seconds. Must be pure: same plan shape, same time."""
+    """Maps a plan to its duration in seconds. Pure (same plan shape, same time), or stateful
+    with a ``fresh()`` that returns a copy at its start state (``fresh_cost_model``): every
+    simulated replica's backend takes its own, so that no state passes between replicas or
+    runs. A stateful model may also define ``check_integrity()``; the backend calls it."""
 
     def step_time(self, plan: StepPlan) -> float: ...
+
+
+def fresh_cost_model(model: CostModel) -> CostModel:
+    """``model.fresh()`` for a model that defines it (state of its own: a new start state per
+    replica and run), else ``model`` itself (pure; a block-resampled noise stream is shared)."""
+    fresh = getattr(model, "fresh", None)
+    return model if fresh is None else fresh()
 
 
 @dataclass(frozen=True)

@@ -28,13 +28,14 @@ import tempfile
 from dataclasses import asdict, replace
 from pathlib import Path
 
+from simulator.clock_state import ClockTable
 from simulator.engine_cost_model import Buckets, EngineCostModel, read_steps
 from simulator.physical_cost_model import PhysicalCostModel, grid_path
 
 FORMAT = "horizon-engine-cost-fit"
 VERSION = 1
 PHYSICAL_FORMAT = "horizon-physical-cost-fit"
-PHYSICAL_VERSION = 3  # 2: the compute side, the grid; 3: the longest walk
+PHYSICAL_VERSION = 4  # 2: the compute side, the grid; 3: the longest walk; 4: floor, clock
 
 
 def fit_path(calibration: str | Path) -> Path:
@@ -126,31 +127,46 @@ def _write_doc(artifact: Path, doc: dict) -> None:
     os.replace(tmp, artifact)
 
 
-def load_physical(calibration: str | Path, model: str) -> PhysicalCostModel:
-    """``PhysicalCostModel`` fitted to ``calibration`` for the shape ``model``, from its
-    artifact (``physical_fit_path``) if that names this file's bytes and this shape, else
-    fitted now (and the artifact written).
+def load_physical(
+    calibration: str | Path,
+    model: str,
+    kv_floor: float = 0.0,
+    clock: str | Path | None = None,
+) -> PhysicalCostModel:
+    """``PhysicalCostModel`` fitted to ``calibration`` for the shape ``model`` (``kv_floor``
+    and the duty-cycle file ``clock``: as ``PhysicalCostModel.from_file``'s, the clock's
+    slowdown taken out of the steps; the caller wraps the result in a ``ClockStateCost``),
+    from its artifact (``physical_fit_path``) if that names this file's bytes, this shape,
+    this floor and this clock file's bytes, else fitted now (and the artifact written).
 
     Raises:
-        ValueError: the calibration file is missing or malformed (the message names it).
+        ValueError: the calibration or clock file is missing or malformed (the message names
+            it).
     """
     calibration = Path(calibration)
     if not calibration.exists():
         read_steps(calibration)  # its ValueError names the file and what to do
-    digest = sha256_of(calibration)
+    if clock is not None and not Path(clock).exists():
+        raise ValueError(f"clock: duty-cycle file {clock} does not exist")
     grid = grid_path(calibration)
-    grid_digest = sha256_of(grid) if grid.exists() else None
+    key = {
+        "calibration_sha256": sha256_of(calibration),
+        "grid_sha256": sha256_of(grid) if grid.exists() else None,
+        "model": model,
+        "kv_floor": float(kv_floor),
+        "clock_sha256": None if clock is None else sha256_of(clock),
+    }
     artifact = physical_fit_path(calibration)
-    found = _read_physical(artifact, (digest, grid_digest), model)
+    found = _read_physical(artifact, key)
     if found is None:
-        found = PhysicalCostModel.from_file(calibration, model)
+        table = None if clock is None else ClockTable.from_duty_cycle(clock)
+        found = PhysicalCostModel.from_file(calibration, model, float(kv_floor), table)
         doc = {
             "format": PHYSICAL_FORMAT,
             "version": PHYSICAL_VERSION,
             "calibration": calibration.name,
-            "calibration_sha256": digest,
-            "grid_sha256": grid_digest,
-            "model": model,
+            **key,
+            "clock": None if clock is None else Path(clock).name,
             "coef": list(found.coef),
             "kv_bytes_per_token": found.kv_bytes_per_token,
             "tflops": list(found.tflops),
@@ -160,37 +176,32 @@ def load_physical(calibration: str | Path, model: str) -> PhysicalCostModel:
         _write_doc(artifact, doc)
     provenance = {
         "calibration": str(calibration),
-        "calibration_sha256": digest,
+        "calibration_sha256": key["calibration_sha256"],
         "fit": str(artifact),
         "fit_sha256": sha256_of(artifact),
+        **({} if clock is None else {"clock": str(clock), "clock_sha256": key["clock_sha256"]}),
     }
     return replace(found, provenance=provenance)
 
 
-def _read_physical(
-    artifact: Path, digests: tuple[str, str | None], model: str
-) -> PhysicalCostModel | None:
-    """The model in ``artifact`` if it was fitted to the bytes of ``digests`` (calibration,
-    grid or None) for ``model``."""
+def _read_physical(artifact: Path, key: dict) -> PhysicalCostModel | None:
+    """The model in ``artifact`` if it was fitted as ``key`` says (calibration and grid bytes,
+    shape, KV floor, clock file bytes)."""
     if not artifact.exists():
         return None
     try:
         doc = json.loads(artifact.read_text())
     except json.JSONDecodeError:
         return None  # a damaged artifact is fitted again
-    want = (PHYSICAL_FORMAT, PHYSICAL_VERSION, *digests, model)
-    if (
-        doc.get("format"),
-        doc.get("version"),
-        doc.get("calibration_sha256"),
-        doc.get("grid_sha256"),
-        doc.get("model"),
-    ) != want:
+    if (doc.get("format"), doc.get("version")) != (PHYSICAL_FORMAT, PHYSICAL_VERSION):
+        return None
+    if any(doc.get(k) != v for k, v in key.items()):
         return None
     return PhysicalCostModel(
         coef=tuple(doc["coef"]),
         kv_bytes_per_token=doc["kv_bytes_per_token"],
         buckets=Buckets(**doc["buckets"]),
         tflops=tuple(doc["tflops"]),
+        kv_floor=doc["kv_floor"],
         meta=doc["meta"],
     )

@@ -3,10 +3,12 @@ steps), tensor_parallel (a TP group's roofline and all-reduces)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from horizon.model_shape import ModelShape
 from horizon.registry import Registry
+from simulator.clock_state import ClockStateCost, ClockTable
 from simulator.cost_model import CostModel, RooflineCostModel
 from simulator.cost_model_artifact import load_fitted, load_physical
 from simulator.engine_cost_model import read_steps
@@ -51,19 +53,35 @@ def physical(
     path: str,
     noise_seed: int | None = None,
     noise_block_steps: int = 2000,
+    kv_floor: bool = True,
+    clock: str | None = None,
 ) -> CostModel:
     """``physical``: ``simulator.physical_cost_model.PhysicalCostModel`` fitted to an engine's
     online steps (the file ``engine_fitted`` reads), measured on ``gpu`` for ``shape``
-    (checked); fitted once per file and shape (``cost_model_artifact.load_physical``). Also
-    reachable as ``simulator.cost_models.physical`` (an import path, hydra's ``_target_``).
-    ``noise_seed``: as ``engine_fitted``'s, the file's steps' scatter resampled; None:
-    deterministic."""
-    model = load_physical(shipped(path), shape.name)
+    (checked); fitted once per file, shape and options (``cost_model_artifact.load_physical``).
+    Also reachable as ``simulator.cost_models.physical`` (an import path, hydra's ``_target_``).
+
+    ``kv_floor``: the KV bytes a step reads cost at least their time at ``gpu``'s memory
+    bandwidth (no fit prices them lower). ``clock``: an ``executor.duty_cycle`` result file
+    measured on ``gpu`` for ``shape``; the steps are priced as ``simulator.clock_state``'s
+    ``ClockStateCost`` (the slowdown after compute-bound steps; one state per replica). The
+    held-out validation (``docs/fidelity/lowo.md``) measured both. ``noise_seed``: as
+    ``engine_fitted``'s, the file's steps' scatter resampled; None: deterministic."""
+    floor = 1e9 / gpu.mem_bandwidth if kv_floor else 0.0
+    clock_path, table = None, None
+    if clock is not None:
+        clock_path = shipped(clock)
+        if not Path(clock_path).exists():
+            raise ValueError(f"clock: duty-cycle file {clock} does not exist")
+        _check_measured(json.loads(Path(clock_path).read_text()).get("meta", {}), clock, shape, gpu)
+        table = ClockTable.from_duty_cycle(clock_path)
+    model: CostModel = load_physical(shipped(path), shape.name, floor, clock_path)
     _check_measured(model.meta, path, shape, gpu)
-    if noise_seed is None:
-        return model
-    rows = read_steps(shipped(path))[0]
-    return model.with_residuals(rows).with_noise(noise_seed, noise_block_steps)
+    if noise_seed is not None:
+        rows = read_steps(shipped(path))[0]
+        rows = rows if table is None else table.deflate(rows)
+        model = model.with_residuals(rows).with_noise(noise_seed, noise_block_steps)
+    return model if table is None else ClockStateCost(model, table)
 
 
 def _engine_fitted(

@@ -243,16 +243,29 @@ class PhysicalCostModel:
         return NoisyStepCost(self, seed, block_steps)
 
     @classmethod
-    def from_file(cls, path: str | Path, model: str) -> PhysicalCostModel:
+    def from_file(
+        cls,
+        path: str | Path,
+        model: str,
+        kv_floor: float = 0.0,
+        clock=None,  # noqa: ANN001 - a simulator.clock_state.ClockTable
+    ) -> PhysicalCostModel:
         """Fit to a calibration file of ``write_steps`` (its sidecar JSON gives the buckets)
         measured on the shape ``model``, and to the profiler grid beside it (``grid_path``)
-        where there is one. Raises ValueError for a missing or malformed file."""
+        where there is one (``kv_floor``: as ``fit``'s). ``clock``: a ``ClockTable`` whose
+        slowdown is taken out of every step first (``ClockTable.deflate``; the file's steps as
+        one run, so the first 0.2 s of each later run sees the end of the one before), the
+        base a ``ClockStateCost`` wraps. Raises ValueError for a missing or malformed file."""
         rows, meta = read_steps(path)
         b = meta.get("buckets", {})
         g = grid_path(path)
         grid = grid_rows(g) if g.exists() else None
         meta = {**meta, "grid": g.name if grid is not None else None}
-        return cls.fit(rows, model, Buckets(**b) if b else DEFAULT_BUCKETS, meta, grid)
+        if clock is not None:
+            rows = clock.deflate(rows)
+            grid = None if grid is None else clock.deflate_grid(grid)
+        buckets = Buckets(**b) if b else DEFAULT_BUCKETS
+        return cls.fit(rows, model, buckets, meta, grid, kv_floor)
 
     @property
     def max_num_seqs(self) -> int:

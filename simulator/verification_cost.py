@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from horizon.drawn_verifies import DrawnVerifies
 from horizon.plan import StepPlan, new_plan
 from horizon.request import Request
-from simulator.cost_model import CostModel
+from simulator.cost_model import CostModel, fresh_cost_model
 
 
 @dataclass(frozen=True)
@@ -225,6 +225,10 @@ class SpeculativeCostModel:
         wake = getattr(base, "wake_delay", None)
         if wake is not None:  # the backend looks the method up by name
             self.wake_delay = wake
+
+    def fresh(self) -> SpeculativeCostModel:
+        """This model over ``fresh_cost_model(base)`` (a stateful base's start state)."""
+        return SpeculativeCostModel(fresh_cost_model(self.base), self.draft, self.verify)
 
     def shaped(self, plan: StepPlan) -> StepPlan:
         """The plan ``base`` prices for ``plan`` (its verifies as rows or as chunks)."""

@@ -148,3 +148,32 @@ def test_a_simulated_run_with_the_clock_state_finishes_the_same_requests_later()
     assert hot.step_durations().sum() > 1.01 * plain.step_durations().sum()
     flat = run(ClockStateCost(base, ClockTable.from_duty_cycle(H05B)))
     assert np.allclose(flat.step_durations(), plain.step_durations())
+
+
+def test_the_scalar_interpolation_is_numpys():
+    table = ClockTable.from_duty_cycle(H7B)
+    for x in [-0.1, 0.0, *np.random.default_rng(2).uniform(0, 1, 200), *table.shares, 1.0, 1.3]:
+        for col in (table.mixed, table.decode):
+            assert cs._interp(float(x), table.shares, col) == pytest.approx(
+                float(np.interp(x, table.shares, col)), abs=1e-15
+            )
+
+
+def test_each_backend_takes_its_own_clock_state_so_a_rerun_repeats_itself():
+    rng = np.random.default_rng(1)
+    shapes = [(int(rng.integers(900, 2000)), int(rng.integers(5, 60))) for _ in range(40)]
+    cost = ClockStateCost(
+        PhysicalCostModel(TRUE, 57344, Buckets(), TFLOPS), cs.ClockTable.from_duty_cycle(H7B)
+    )
+
+    def run():  # noqa: ANN202
+        reqs = [Request(i, 0.02 * i, p, 300, o) for i, (p, o) in enumerate(shapes)]
+        sim = Simulation(reqs, SchedulerConfig(num_blocks=2000), make_policy("fcfs"), cost,
+                         check_every=1)  # fmt: skip
+        return sim.run()
+
+    first, second = run(), run()
+    assert np.array_equal(first.step_durations(), second.step_durations())
+    assert cost.share() == 0.0  # the object passed in priced nothing: each run had a fresh one
+    fresh = cost.fresh()
+    assert fresh is not cost and fresh.base is cost.base and fresh.table is cost.table

@@ -10,6 +10,7 @@ from horizon.policies import make_policy
 from horizon.request import SLO, Request
 from horizon.scheduler_config import SchedulerConfig
 from simulator import Simulation, gpu_spec, make_cost_model
+from simulator.clock_state import ClockStateCost, ClockTable
 from simulator.cost_model_artifact import physical_fit_path, sha256_of
 from simulator.engine_cost_model import Buckets, step_rows, write_steps
 from simulator.physical_cost_model import (
@@ -129,12 +130,17 @@ def calibration(tmp_path):
     return path
 
 
-def _make(path, shape="qwen2.5-7b", name="physical"):
-    return make_cost_model(name, shape=model_shape(shape), gpu=gpu_spec("H200"), path=str(path))
+FLOOR = 1e9 / gpu_spec("H200").mem_bandwidth  # the registered model's default KV floor
+
+
+def _make(path, shape="qwen2.5-7b", name="physical", **options):
+    return make_cost_model(
+        name, shape=model_shape(shape), gpu=gpu_spec("H200"), path=str(path), **options
+    )
 
 
 def test_registered_by_name_and_import_path_fitted_once_per_file(calibration, monkeypatch):
-    fresh = PhysicalCostModel.from_file(calibration, "qwen2.5-7b")
+    fresh = PhysicalCostModel.from_file(calibration, "qwen2.5-7b", FLOOR)
     first = _make(calibration)
     assert physical_fit_path(calibration).exists()
     assert first == fresh  # the artifact's coefficients are the fit's, bit for bit
@@ -202,7 +208,9 @@ def test_the_sim_physical_backend_config_builds_it(calibration):
         ]
     )
     cost = build_components(cfg).cost_model
-    assert cost == PhysicalCostModel.from_file(calibration, "qwen2.5-7b")
+    table = ClockTable.from_duty_cycle("results/duty_cycle/h200_qwen2.5-7b.json")
+    assert isinstance(cost, ClockStateCost) and cost.table == table
+    assert cost.base == PhysicalCostModel.from_file(calibration, "qwen2.5-7b", FLOOR, table)
     assert cost.provenance["fit"] == str(physical_fit_path(calibration))
 
 
@@ -220,11 +228,35 @@ def test_a_grid_beside_the_file_is_fitted_and_named_by_the_artifact(calibration)
     gpath.write_text("\n".join([head, *lines]) + "\n")
     model = _make(calibration)
     assert model.meta["grid"] == gpath.name
-    assert model == PhysicalCostModel.fit(*_online(calibration), grid=grid_rows(gpath))
+    fit = PhysicalCostModel.fit(*_online(calibration), grid=grid_rows(gpath), kv_floor=FLOOR)
+    assert model == fit
     doc = json.loads(physical_fit_path(calibration).read_text())
     assert doc["grid_sha256"] == sha256_of(gpath)
     gpath.write_text("\n".join([head, *lines[:-1]]) + "\n")  # another grid: fitted again
     assert _make(calibration) != model
+
+
+def test_the_floor_and_the_clock_are_options_the_artifact_is_keyed_by(calibration):
+    import json
+
+    clock = "results/duty_cycle/h200_qwen2.5-7b.json"
+    table = ClockTable.from_duty_cycle(clock)
+    hot = _make(calibration, clock=clock)
+    assert isinstance(hot, ClockStateCost) and hot.table == table
+    assert hot.base == PhysicalCostModel.from_file(calibration, "qwen2.5-7b", FLOOR, table)
+    doc = json.loads(physical_fit_path(calibration).read_text())
+    assert doc["kv_floor"] == FLOOR and doc["clock_sha256"] == sha256_of(clock)
+    assert hot.provenance["clock_sha256"] == sha256_of(clock)
+    bare = _make(calibration, kv_floor=False)  # another key: fitted again, not the artifact's
+    assert bare == PhysicalCostModel.from_file(calibration, "qwen2.5-7b")
+    assert bare.kv_floor == 0.0 and json.loads(physical_fit_path(calibration).read_text())[
+        "clock_sha256"] is None  # fmt: skip
+    noisy = _make(calibration, clock=clock, noise_seed=3)
+    assert isinstance(noisy, ClockStateCost) and noisy.base.seed == 3
+    with pytest.raises(ValueError, match="measured with model qwen2.5-0.5b, not qwen2.5-7b"):
+        _make(calibration, clock="results/duty_cycle/h200_qwen2.5-0.5b.json")
+    with pytest.raises(ValueError, match="clock: duty-cycle file nope.json does not exist"):
+        _make(calibration, clock="nope.json")
 
 
 def _online(path):
