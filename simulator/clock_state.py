@@ -139,8 +139,8 @@ def _interp(x: float, xs: tuple[float, ...], ys: tuple[float, ...]) -> float:
         return ys[0]
     if i == len(xs):
         return ys[-1]
-    x0, x1 = xs[i - 1], xs[i]
-    return ys[i - 1] + (ys[i] - ys[i - 1]) * (x - x0) / (x1 - x0) if x1 > x0 else ys[i]
+    x0, x1 = xs[i - 1], xs[i]  # x0 <= x < x1
+    return ys[i - 1] + (ys[i] - ys[i - 1]) * (x - x0) / (x1 - x0)
 
 
 class ClockStateCost:

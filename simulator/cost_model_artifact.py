@@ -131,42 +131,41 @@ def load_physical(
     calibration: str | Path,
     model: str,
     kv_floor: float = 0.0,
-    clock: str | Path | None = None,
+    clock: ClockTable | None = None,
 ) -> PhysicalCostModel:
     """``PhysicalCostModel`` fitted to ``calibration`` for the shape ``model`` (``kv_floor``
-    and the duty-cycle file ``clock``: as ``PhysicalCostModel.from_file``'s, the clock's
-    slowdown taken out of the steps; the caller wraps the result in a ``ClockStateCost``),
-    from its artifact (``physical_fit_path``) if that names this file's bytes, this shape,
-    this floor and this clock file's bytes, else fitted now (and the artifact written).
+    and ``clock``, a table read from its duty-cycle file: as ``PhysicalCostModel.from_file``'s,
+    the clock's slowdown taken out of the steps; the caller wraps the result in a
+    ``ClockStateCost``), from its artifact (``physical_fit_path``) if that names this file's
+    bytes, this shape, this floor and the clock file's bytes, else fitted now (and the
+    artifact written).
 
     Raises:
-        ValueError: the calibration or clock file is missing or malformed (the message names
-            it).
+        ValueError: the calibration file is missing or malformed (the message names it).
     """
     calibration = Path(calibration)
     if not calibration.exists():
         read_steps(calibration)  # its ValueError names the file and what to do
-    if clock is not None and not Path(clock).exists():
-        raise ValueError(f"clock: duty-cycle file {clock} does not exist")
+    if clock is not None and clock.source is None:
+        raise ValueError("clock: a ClockTable read from its file (ClockTable.from_duty_cycle)")
     grid = grid_path(calibration)
     key = {
         "calibration_sha256": sha256_of(calibration),
         "grid_sha256": sha256_of(grid) if grid.exists() else None,
         "model": model,
         "kv_floor": float(kv_floor),
-        "clock_sha256": None if clock is None else sha256_of(clock),
+        "clock_sha256": None if clock is None else sha256_of(clock.source),
     }
     artifact = physical_fit_path(calibration)
     found = _read_physical(artifact, key)
     if found is None:
-        table = None if clock is None else ClockTable.from_duty_cycle(clock)
-        found = PhysicalCostModel.from_file(calibration, model, float(kv_floor), table)
+        found = PhysicalCostModel.from_file(calibration, model, float(kv_floor), clock)
         doc = {
             "format": PHYSICAL_FORMAT,
             "version": PHYSICAL_VERSION,
             "calibration": calibration.name,
             **key,
-            "clock": None if clock is None else Path(clock).name,
+            "clock": None if clock is None else Path(clock.source).name,
             "coef": list(found.coef),
             "kv_bytes_per_token": found.kv_bytes_per_token,
             "tflops": list(found.tflops),
@@ -179,7 +178,7 @@ def load_physical(
         "calibration_sha256": key["calibration_sha256"],
         "fit": str(artifact),
         "fit_sha256": sha256_of(artifact),
-        **({} if clock is None else {"clock": str(clock), "clock_sha256": key["clock_sha256"]}),
+        **({} if clock is None else {"clock": clock.source, "clock_sha256": key["clock_sha256"]}),
     }
     return replace(found, provenance=provenance)
 

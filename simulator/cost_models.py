@@ -68,14 +68,14 @@ def physical(
     held-out validation (``docs/fidelity/lowo.md``) measured both. ``noise_seed``: as
     ``engine_fitted``'s, the file's steps' scatter resampled; None: deterministic."""
     floor = 1e9 / gpu.mem_bandwidth if kv_floor else 0.0
-    clock_path, table = None, None
+    table = None
     if clock is not None:
         clock_path = shipped(clock)
         if not Path(clock_path).exists():
             raise ValueError(f"clock: duty-cycle file {clock} does not exist")
         _check_measured(json.loads(Path(clock_path).read_text()).get("meta", {}), clock, shape, gpu)
         table = ClockTable.from_duty_cycle(clock_path)
-    model: CostModel = load_physical(shipped(path), shape.name, floor, clock_path)
+    model: CostModel = load_physical(shipped(path), shape.name, floor, table)
     _check_measured(model.meta, path, shape, gpu)
     if noise_seed is not None:
         rows = read_steps(shipped(path))[0]
