@@ -64,20 +64,28 @@ def drafter_ms_per_position(
 
 
 def draft_costs(model, drafters: dict, batches: Sequence[int], prompt: int, k: int) -> list[dict]:  # noqa: ANN001
-    """Per batch: the engine's decode step on ``model`` and each drafter's ms per position
-    (``drafters``: name -> function of the batch size giving a drafter, or None to skip it)."""
+    """Per batch: the engine's decode step on ``model`` (a ``CausalLM``: a draft head, which
+    the engine cannot serve, has none) and each drafter's ms per position (``drafters``: name
+    -> function of the batch size giving a drafter, or None to skip it)."""
+    from executor.model import CausalLM
+
     rows = []
     for b in batches:
-        row = {"batch": b, "k": k, "engine_decode_ms": engine_decode_ms(model, b, prompt)}
-        parts = [f"draft cost at batch {b}: engine decode step {row['engine_decode_ms']:.3f} ms"]
+        step = engine_decode_ms(model, b, prompt) if isinstance(model, CausalLM) else None
+        row = {"batch": b, "k": k, "engine_decode_ms": step}
+        parts = [f"draft cost at batch {b}: engine decode step " + (
+            "-" if step is None else f"{step:.3f} ms")]  # fmt: skip
         for name, make in drafters.items():
             drafter = make(b)
             if drafter is None:  # not measured at this batch size
                 continue
             ms = drafter_ms_per_position(drafter, b, prompt, model.config.vocab_size, k)
             row[f"{name}_ms_per_position"] = ms
-            row[f"{name}_x_engine_step"] = ms / row["engine_decode_ms"]
-            parts.append(f"{name} {ms:.3f} ms/position ({ms / row['engine_decode_ms']:.2f}x)")
+            if step is None:
+                parts.append(f"{name} {ms:.3f} ms/position")
+                continue
+            row[f"{name}_x_engine_step"] = ms / step
+            parts.append(f"{name} {ms:.3f} ms/position ({ms / step:.2f}x)")
         rows.append(row)
         print("; ".join(parts), flush=True)
     return rows

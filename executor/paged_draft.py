@@ -30,12 +30,12 @@ at least two tokens (a verifying request has emitted one).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from collections.abc import Sequence
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from executor.attention import PagedAttention
 from executor.drafter import Drafter
@@ -95,11 +95,14 @@ class PagedDraftModelDrafter(Drafter):
         seed: int = 0,
         graph_batch_sizes: Sequence[int] = GRAPH_BATCH_SIZES,
     ) -> None:
+        from executor.draft_head import DraftHead
+
         if isinstance(model, str):
             model = draft_model_of(model, dtype, device, seed)
-        if not isinstance(model, CausalLM):
+        if not isinstance(model, (CausalLM, DraftHead)):
             raise ValueError(
-                f"PagedDraftModelDrafter.model must be a CausalLM or a preset name, got {model!r}"
+                "PagedDraftModelDrafter.model must be a CausalLM, a DraftHead or a preset name, "
+                f"got {model!r}"
             )
         for field, v in (("max_seqs", max_seqs), ("max_len", max_len), ("block_size", block_size)):
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
@@ -117,7 +120,12 @@ class PagedDraftModelDrafter(Drafter):
             model.embed_tokens.weight.dtype, dev,
         )  # fmt: skip
         self.attention = PagedAttention(kv, c.attention_scale, self.backend)
-        if self.backend == "triton":
+        # a draft head (executor.draft_head) prices its fusion layer before a proposal's first
+        # forward and a prefill, and picks its kernels itself
+        self._begin = getattr(model, "begin_proposal", None)
+        if isinstance(model, DraftHead):
+            self._forward = functools.partial(model.forward, kernels=self.backend)
+        elif self.backend == "triton":
             from executor.fused import FusedForward
 
             self._forward = FusedForward(model)
@@ -219,6 +227,8 @@ class PagedDraftModelDrafter(Drafter):
         self.attention.set_step(
             t(np.repeat(slots, q) * span + pos), t(self._tables(slots)), t(starts + q), t(cu)
         )
+        if self._begin is not None:
+            self._begin(int(q.sum()))
         self._forward(t(np.concatenate(chunks)), t(pos), self.attention)
         self.num_prefill_tokens += int(q.sum())
 
@@ -249,7 +259,10 @@ class PagedDraftModelDrafter(Drafter):
         meta_dev = torch.from_numpy(meta).to(self.device)
         drafts = torch.empty((kmax, b), dtype=torch.int32, device=self.device)
         buf = self._buf
-        if int((lens - keep).max()) > 1:
+        pair = int((lens - keep).max()) > 1
+        if self._begin is not None:
+            self._begin(2 * b if pair else b)
+        if pair:
             tokens = self._pair_step(hs, slots, lens, b)
             self.num_two_token_steps += 1
         else:
@@ -257,7 +270,7 @@ class PagedDraftModelDrafter(Drafter):
         for st in range(kmax):
             if st:
                 buf["ids"][:b].copy_(tokens)
-            if st or int((lens - keep).max()) == 1:
+            if st or not pair:
                 for i, name in enumerate(("pos", "slot", "ctx"), start=1):
                     buf[name][:b].copy_(meta_dev[i, st])
                 tokens = self._step(b)
@@ -289,7 +302,7 @@ class PagedDraftModelDrafter(Drafter):
         splits = decode_num_splits(b, att.num_kv_heads, self.max_len, self.device)
         att.set_step(buf["slot"][:b], self._bt[:b], buf["ctx"][:b], None, splits)
         hidden = self._forward(buf["ids"][:b], buf["pos"][:b], att)
-        return F.linear(hidden, self.model.lm_head_weight).argmax(-1).to(torch.int32)
+        return self.model.greedy_tokens(hidden)
 
     def _pair_forward(self, b: int) -> torch.Tensor:
         """The two-token first forward of ``b`` rows on its static buffers: the argmax of
@@ -298,7 +311,7 @@ class PagedDraftModelDrafter(Drafter):
         tok = p["tok"]
         att.set_step(tok[2, : 2 * b], self._bt[:b], p["ctx"][:b], p["cu"][: b + 1])
         hidden = self._forward(tok[0, : 2 * b], tok[1, : 2 * b], att)
-        return F.linear(hidden[1::2], self.model.lm_head_weight).argmax(-1).to(torch.int32)
+        return self.model.greedy_tokens(hidden, slice(1, None, 2))
 
     def _step(self, b: int) -> torch.Tensor:
         return self._run(("decode", b))
@@ -309,11 +322,22 @@ class PagedDraftModelDrafter(Drafter):
         kind, b = key
         if not self.cuda_graphs:
             return self._decode_forward(b) if kind == "decode" else self._pair_forward(b)
-        if key not in self._graphs:
+        if key not in self._graphs:  # captured mid-proposal: the step's inputs kept across
+            live = self._live_inputs()
+            saved = [t.clone() for t in live]
             self._capture(key)
+            for t, s in zip(live, saved):
+                t.copy_(s)
         graph, tokens = self._graphs[key]
         graph.replay()
         return tokens
+
+    def _live_inputs(self) -> list[torch.Tensor]:
+        """The tensors a step's graph reads that hold the step's inputs (a capture overwrites
+        them with padding rows): the static buffers and the model's ``graph_state()``."""
+        state = getattr(self.model, "graph_state", None)
+        extra = state() if state is not None else []
+        return [*self._buf.values(), *self._pair_buf.values(), self._bt, *extra]
 
     @torch.no_grad()
     def capture_graphs(self, sizes: Sequence[int] | None = None) -> None:

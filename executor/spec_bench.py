@@ -22,7 +22,9 @@ path (``verify_steps``).
 
 ``--drafter draft:NAME``: a draft model (a preset shape with seeded random weights, or
 ``tiny``) on its own paged KV cache, batched graph-replayed decode steps
-(``executor.paged_draft``); ``ngram``: prompt lookup padded to ``k``. ``--draft-cost B,..``:
+(``executor.paged_draft``); ``eagle3``: a draft head in EAGLE-3's layout on the target's
+width on the same paged cache (``executor.draft_head``: one decoder layer, a 32,000-token
+draft vocabulary); ``ngram``: prompt lookup padded to ``k``. ``--draft-cost B,..``:
 also each draft model drafter's ms per draft position against the draft model's own plain
 engine decode step at those batch sizes (``executor.draft_cost``). ``--budget-s``: cells not
 started by then are skipped (listed as such). ``--compare results/spec_crossover/sim.json``:
@@ -294,7 +296,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json-out", default=None)
-    p.add_argument("--drafter", default="ngram", help="ngram, or draft:NAME (stated grid only)")
+    p.add_argument(
+        "--drafter", default="ngram", help="ngram, eagle3 or draft:NAME (stated grid only)"
+    )
     p.add_argument("--acceptance", default=None, help="stated alphas: the held-batch grid")
     p.add_argument("--prompt-len", type=int, default=512, help="held grid: prompt tokens")
     p.add_argument("--out-base", type=int, default=128, help="held grid: shortest output")

@@ -21,28 +21,44 @@ TARGET = (0.7, 4, 1, 2.0)  # issue 21: alpha, k, batch, speedup at least
 DENSE_MAX_BATCH = 16  # the dense reference drafter loops over requests: slow beyond
 
 
-def _draft_maker(a: Namespace, target_vocab: int):  # noqa: ANN202
-    """``(label, make(batch, max_len), draft model or None)`` of ``--drafter``; a preset
-    draft shape gets the target's ``target_vocab`` embedding rows (``draft_model_of``)."""
+def _draft_maker(a: Namespace, target):  # noqa: ANN001, ANN202
+    """``(label, make(batch, max_len), draft model or None, the simulator's drafter key)`` of
+    ``--drafter``; a preset draft shape gets the ``target``'s embedding rows
+    (``draft_model_of``); ``eagle3``: a draft head on the target's width."""
     if a.drafter == "ngram":
-        return "n-gram prompt lookup, padded to k", ngram_drafter, None
-    if not a.drafter.startswith("draft:"):
-        raise SystemExit(f"--drafter must be ngram or draft:NAME, got {a.drafter!r}")
+        return "n-gram prompt lookup, padded to k", ngram_drafter, None, "ngram"
     from executor.model.config import preset_names
     from executor.paged_draft import PagedDraftModelDrafter, draft_model_of
     from executor.spec_bench import load_model
 
-    name = a.drafter.split(":", 1)[1]
-    if name in preset_names():
-        draft = draft_model_of(name, a.dtype, a.device, seed=11, vocab_size=target_vocab)
+    if a.drafter == "eagle3":
+        from executor.draft_head import DRAFT_VOCAB, draft_head_of
+
+        vocab = min(DRAFT_VOCAB, target.config.vocab_size)
+        draft = draft_head_of(target.config, a.dtype, a.device, seed=11, draft_vocab=vocab)
+        label = (
+            f"EAGLE-3-layout draft head on the target's width (1 layer, {vocab:,}-token draft "
+            "vocabulary; random weights, stand-in target features), paged, batched decode steps"
+        )
+        key = "eagle3"
+    elif a.drafter.startswith("draft:"):
+        name = a.drafter.split(":", 1)[1]
+        if name in preset_names():
+            vocab = target.config.vocab_size
+            draft = draft_model_of(name, a.dtype, a.device, seed=11, vocab_size=vocab)
+        else:
+            draft, _ = load_model(name, a.dtype, a.device, seed=11)
+        label, key = (
+            f"draft model {name} (random weights), paged, batched decode steps",
+            "draft_0.5b",
+        )
     else:
-        draft, _ = load_model(name, a.dtype, a.device, seed=11)
+        raise SystemExit(f"--drafter must be ngram, eagle3 or draft:NAME, got {a.drafter!r}")
 
     def make(batch: int, max_len: int) -> PagedDraftModelDrafter:
         return PagedDraftModelDrafter(draft, max_seqs=batch, max_len=max_len)
 
-    label = f"draft model {name} (random weights), paged, batched decode steps"
-    return label, make, draft
+    return label, make, draft, key
 
 
 def main_stated(a: Namespace, batches: list[int], ks: list[int]) -> int:
@@ -51,7 +67,7 @@ def main_stated(a: Namespace, batches: list[int], ks: list[int]) -> int:
     alphas = [float(x) for x in a.acceptance.split(",")]
     work = HeldWorkload(a.prompt_len, a.out_base, a.out_span)
     target, _ = load_model(a.model, a.dtype, a.device)
-    label, make, draft = _draft_maker(a, target.config.vocab_size)
+    label, make, draft, sim_key = _draft_maker(a, target)
     env = environment(a.device)
     stated = "stated acceptance α=" + ",".join(f"{x:g}" for x in alphas)
     on = a.verify_as_decode == "on"
@@ -75,7 +91,7 @@ def main_stated(a: Namespace, batches: list[int], ks: list[int]) -> int:
 
     rows = held_grid(target, make, batches, ks, alphas, work, a.budget_s, on_row, on)
     cross = crossovers(rows, batches)
-    sim_cross = _simulated_crossovers(a.compare, rows, batches, draft)
+    sim_cross = _simulated_crossovers(a.compare, rows, batches, sim_key)
     costs = _draft_costs(a.draft_cost, draft, work, ks)
     a_t, k_t, b_t, x_t = TARGET
     hit = next((r for r in rows if (r.get("alpha"), r["k"], r["batch"]) == (a_t, k_t, b_t)), None)
@@ -101,14 +117,14 @@ def main_stated(a: Namespace, batches: list[int], ks: list[int]) -> int:
     return 0
 
 
-def _simulated_crossovers(compare, rows: list[dict], batches: list[int], draft):  # noqa: ANN001, ANN202
-    """With ``--compare SIM.json``: each row gets the simulator's figures beside it; the
-    simulated crossovers over the same batches (None without)."""
+def _simulated_crossovers(compare, rows: list[dict], batches: list[int], key: str):  # noqa: ANN001, ANN202
+    """With ``--compare SIM.json``: each row gets the simulator's figures of drafter ``key``
+    beside it; the simulated crossovers over the same batches (None without)."""
     if not compare:
         return None
     with open(compare) as f:
         sim = json.load(f)
-    compare_simulated(rows, sim, "ngram" if draft is None else "draft_0.5b")
+    compare_simulated(rows, sim, key)
     sim_rows = [{**r, "speedup": r["sim_speedup"]} for r in rows if "sim_speedup" in r]
     return crossovers(sim_rows, batches)
 
@@ -120,12 +136,12 @@ def _draft_costs(batches_arg, draft, work: HeldWorkload, ks: list[int]):  # noqa
         return None
     from executor.draft_cost import draft_costs
     from executor.draft_model import DraftModelDrafter
+    from executor.model import CausalLM
     from executor.paged_draft import PagedDraftModelDrafter
 
     max_len = work.prompt + 16 * 14 + 32
-    drafters = {
-        "paged": lambda b: PagedDraftModelDrafter(draft, max_seqs=b, max_len=max_len),
-        "dense": lambda b: DraftModelDrafter(draft) if b <= DENSE_MAX_BATCH else None,
-    }
+    drafters = {"paged": lambda b: PagedDraftModelDrafter(draft, max_seqs=b, max_len=max_len)}
+    if isinstance(draft, CausalLM):  # a whole decoder: also the dense reference drafter
+        drafters["dense"] = lambda b: DraftModelDrafter(draft) if b <= DENSE_MAX_BATCH else None
     cost_batches = [int(x) for x in batches_arg.split(",")]
     return draft_costs(draft, drafters, cost_batches, work.prompt, max(ks))

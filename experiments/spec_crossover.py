@@ -11,13 +11,15 @@ decode at once and a finished one is replaced at once (continuous refill). Each 
 with plain decoding of the same requests: output tokens/s and mean TPOT, and the *crossover*:
 the smallest B at which speculation is slower than plain decoding.
 
-Drafters: ``ngram`` (model-free: drafting costs nothing on the GPU) and ``draft_0.5b`` (a
+Drafters: ``ngram`` (model-free: drafting costs nothing on the GPU), ``draft_0.5b`` (a
 Qwen2.5-0.5B draft model: each draft position costs one decode step of the 0.5B shape over the
 batch, from its engine-fitted cost model, plus the paged drafter's measured fixed cost per
-proposal, ``draft_fixed_s``). Verification is priced by the 7B cost model as the
-engine runs it by default, k + 1 decode rows per verifying request, plus the host terms per
-verification step and per verifying request that ``experiments.spec_verify_fit`` fitted to the
-engine's measured runs (``--verify-fit``, its ``verify_fit.json``; ``simulator.verification_cost``).
+proposal, ``draft_fixed_s``) and ``eagle3`` (a draft head in EAGLE-3's layout on the 7B's
+width, ``executor.draft_head``: its measured cost per position and per proposal).
+Verification is priced by the 7B cost model as the engine runs it by default, k + 1 decode
+rows per verifying request, plus the host terms per verification step and per verifying
+request that ``experiments.spec_verify_fit`` fitted to the engine's measured runs
+(``--verify-fit``, its ``verify_fit.json``; ``simulator.verification_cost``).
 Writes ``sim.json`` (every run) and ``table.md``.
 """
 
@@ -57,6 +59,8 @@ LABEL = (
 VERIFY_FIT = REPO / "results" / "spec_crossover" / "verify_fit.json"
 DRAFT_BENCH = REPO / "results" / "spec_bench"
 DRAFTER = "draft:qwen2.5-0.5b"  # the spec_bench drafter whose measured costs draft_0.5b takes
+HEAD_DRAFTER = "eagle3"  # and eagle3's
+DRAFTERS = ("ngram", "draft_0.5b", "eagle3")
 CALIBRATION = {
     "qwen2.5-7b": "calibration/h200_qwen2.5-7b_online.csv.gz",
     "qwen2.5-0.5b": "calibration/h200_qwen2.5-0.5b_online.csv.gz",
@@ -74,16 +78,17 @@ def _cost(shape: str):  # noqa: ANN202
     )
 
 
-@functools.lru_cache(maxsize=4)
-def _fixed_points(directory: Path) -> tuple[tuple[float, float], ...]:
-    """(log2 batch, fixed seconds) per measured batch: the intercept of the paged drafter's
-    proposal time (``draft_cost`` rows of ``DRAFTER``'s runs: ms per position x k) against k.
-    Read and fitted once per directory."""
+@functools.lru_cache(maxsize=8)
+def _proposal_fits(directory: Path, drafter: str) -> tuple[tuple[float, float, float], ...]:
+    """(log2 batch, seconds per position, fixed seconds) per measured batch: the slope and
+    intercept of the paged drafter's proposal time (``draft_cost`` rows of the spec_bench
+    runs with ``--drafter drafter``: ms per position x k) against k. Read and fitted once per
+    directory and drafter."""
     runs = [json.loads(f.read_text()) for f in sorted(directory.glob("*.json"))]
     rows = [
         r
         for run in runs
-        if run.get("args", {}).get("drafter") == DRAFTER
+        if run.get("args", {}).get("drafter") == drafter
         for r in run.get("draft_cost") or []
     ]
     pts = []
@@ -93,8 +98,14 @@ def _fixed_points(directory: Path) -> tuple[tuple[float, float], ...]:
             continue
         k = np.array([r["k"] for r in sel], dtype=float)
         total = np.array([r["paged_ms_per_position"] for r in sel]) * k
-        pts.append((math.log2(b), max(0.0, float(np.polyfit(k, total, 1)[1]) * 1e-3)))
+        slope, icept = np.polyfit(k, total, 1)
+        pts.append((math.log2(b), float(slope) * 1e-3, max(0.0, float(icept) * 1e-3)))
     return tuple(pts)
+
+
+def _interp(batch: int, pts: tuple, col: int) -> float:
+    """Column ``col`` of ``pts`` interpolated in log2(batch), held beyond the measured ones."""
+    return float(np.interp(math.log2(batch), [p[0] for p in pts], [p[col] for p in pts]))
 
 
 def draft_fixed_s(batch: int, directory: Path = DRAFT_BENCH) -> float:
@@ -102,22 +113,31 @@ def draft_fixed_s(batch: int, directory: Path = DRAFT_BENCH) -> float:
     (``executor.spec_bench --draft-cost`` at k 1, 2, 4 and 8, whose slope against k is the
     draft model's engine decode step within 1%), interpolated in log2(batch), held beyond the
     measured batches; 0 without measurements."""
-    pts = _fixed_points(directory)
-    if not pts:
-        return 0.0
-    return float(np.interp(math.log2(batch), [x for x, _ in pts], [y for _, y in pts]))
+    pts = _proposal_fits(directory, DRAFTER)
+    return _interp(batch, pts, 2) if pts else 0.0
 
 
-def _draft_cost(drafter: str, batch: int, draft_model) -> DraftCost:  # noqa: ANN001
+def _draft_cost(drafter: str, batch: int, draft_model, directory: Path = DRAFT_BENCH) -> DraftCost:  # noqa: ANN001
     """``ngram``: free. ``draft_0.5b``: per draft position, one 0.5B decode step of the batch
     over its mean context (prompt plus half the mean output); per drafting step, the paged
-    drafter's measured fixed cost (``draft_fixed_s``)."""
+    drafter's measured fixed cost (``draft_fixed_s``). ``eagle3``: no cost model of its own
+    (the engine cannot serve a draft head): per position and per drafting step, the slope and
+    intercept of its measured proposal times against k (``HEAD_DRAFTER``'s runs)."""
     if drafter == "ngram":
         return DraftCost("ngram")
+    if drafter == "eagle3":
+        pts = _proposal_fits(directory, HEAD_DRAFTER)
+        if not pts:
+            raise FileNotFoundError(f"eagle3: no {HEAD_DRAFTER} draft_cost rows in {directory}")
+        return DraftCost(
+            "model", per_position_s=_interp(batch, pts, 1), per_step_s=_interp(batch, pts, 2)
+        )
     dummy = tuple(Request(i, 0.0, 1, 1, 1) for i in range(batch))
     plan = StepPlan(0, 0.0, dummy, (), decode_context_tokens=batch * (PROMPT + 128))
     per_position = draft_model.step_time(plan)
-    return DraftCost("model", per_position_s=per_position, per_step_s=draft_fixed_s(batch))
+    return DraftCost(
+        "model", per_position_s=per_position, per_step_s=draft_fixed_s(batch, directory)
+    )
 
 
 def _run(  # noqa: PLR0913
@@ -174,7 +194,7 @@ def simulate(verify: VerifyCost) -> dict:
     cost, draft_model = _cost("qwen2.5-7b"), _cost("qwen2.5-0.5b")
     plain = {b: _run(b, None, 0.5, cost, None) for b in BATCHES}
     rows = []
-    for drafter in ("ngram", "draft_0.5b"):
+    for drafter in DRAFTERS:
         for alpha in ALPHAS:
             for b in BATCHES:
                 draft = _draft_cost(drafter, b, draft_model)
@@ -201,6 +221,9 @@ def _conditions() -> dict:
         "draft_model_cost": CALIBRATION["qwen2.5-0.5b"] + " (0.5B decode step per position, "
         "plus the paged drafter's measured fixed cost per proposal: results/spec_bench "
         "draft_cost rows at k 1-8, 0.45 ms at batch 1 to 1.04 ms at 64)",
+        "draft_head_cost": "eagle3: per position and per proposal, the slope and intercept "
+        "against k of its measured proposal times (results/spec_bench draft_cost rows of "
+        "--drafter eagle3 at k 1, 2, 8 and batch 1, 16, 64), interpolated in log2(batch)",
         "acceptance": "geometric: draft i accepted with prob alpha given 1..i-1 (seed 0)",
         "workload": f"2B+6 requests, prompt {PROMPT}, output 128..383, all at t=0, "
         "max_num_seqs=B (continuous refill), policy fcfs, speculation policy fixed",
@@ -235,7 +258,7 @@ def render(report: dict) -> str:
         "",
         table(["condition", "value"], report["conditions"].items()),
     ]
-    for drafter in ("ngram", "draft_0.5b"):
+    for drafter in DRAFTERS:
         for alpha in ALPHAS:
             body = []
             for k in KS:

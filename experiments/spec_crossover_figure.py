@@ -18,12 +18,16 @@ from pathlib import Path
 from experiments.figure_style import colors, legend_below, new_figure, save, style_axes
 
 REPO = Path(__file__).resolve().parents[1]
-PANELS = (("draft_0.5b", "0.5B-shape draft model"), ("ngram", "n-gram drafts (free)"))
+PANELS = (
+    ("draft_0.5b", "0.5B-shape draft model"),
+    ("eagle3", "EAGLE-3-layout draft head"),
+    ("ngram", "n-gram drafts (free)"),
+)
 ALPHA = 0.7
 
 
 def draw(cells: list[dict]):  # noqa: ANN201 - a matplotlib Figure
-    """The two panels (module docstring)."""
+    """The panels (module docstring)."""
     fig = new_figure(3.4)
     axes = fig.subplots(1, len(PANELS), sharey=True)
     ks = sorted({c["k"] for c in cells})

@@ -7,7 +7,8 @@ Inputs (``executor.spec_bench`` JSON, the 7B shape under stated acceptance, held
 workload of ``experiments.spec_crossover``): the n-gram grid k 1-8 x batch 1-64 at alpha 0.7
 (``spec7b_ngram_kgrid.json``) is the **fit set**; n-gram at alpha 0.5 and 0.9 (k 4,
 ``spec7b_ngram.json``) and the 0.5B-shape draft model (alpha 0.7, k 1-8 x batch 1-64,
-``spec7b_draft.json``) are **held out**. The simulator runs each cell with the same draws, hence
+``spec7b_draft.json``) and the EAGLE-3-layout draft head (alpha 0.7, k 1-8 x batch 1-64,
+``spec7b_eagle3.json``) are **held out**. The simulator runs each cell with the same draws, hence
 the same plans (every request is queued at t = 0: the plans do not depend on time), so its wall
 time is linear in the two host terms of ``simulator.verification_cost.VerifyCost``::
 
@@ -41,6 +42,7 @@ INPUTS = {  # set -> (file, drafter in spec_crossover's names)
     "fit": ("spec7b_ngram_kgrid.json", "ngram"),
     "ngram": ("spec7b_ngram.json", "ngram"),
     "draft": ("spec7b_draft.json", "draft_0.5b"),
+    "eagle3": ("spec7b_eagle3.json", "eagle3"),
 }
 PROBE_S = 1e-3
 VARIANTS = ("chunks", "rows", "fitted")

@@ -77,3 +77,31 @@ def test_the_drafters_fixed_cost_is_the_intercept_of_its_proposal_time_against_k
     empty = tmp_path / "empty"
     empty.mkdir()
     assert draft_fixed_s(4, empty) == 0.0  # nothing measured: no fixed cost
+
+
+def test_the_draft_heads_cost_is_its_proposal_times_slope_and_intercept(tmp_path):
+    """eagle3 has no cost model: per position the slope of its proposal time against k, per
+    proposal the intercept, per batch, interpolated in log2(batch); the 0.5B's rows are not
+    read for it, and without rows of its own it is an error naming it."""
+    import json
+
+    from experiments.spec_crossover import DRAFTER, HEAD_DRAFTER, _draft_cost
+
+    def rows(fixed, step, b, ks=(1, 2, 8)):
+        return [{"batch": b, "k": k, "paged_ms_per_position": (fixed + k * step) / k} for k in ks]
+
+    head = {
+        "args": {"drafter": HEAD_DRAFTER},
+        "draft_cost": rows(0.35, 0.28, 1) + rows(1.3, 0.32, 64),
+    }
+    (tmp_path / "h.json").write_text(json.dumps(head))
+    (tmp_path / "d.json").write_text(
+        json.dumps({"args": {"drafter": DRAFTER}, "draft_cost": rows(9, 9, 1)})
+    )
+    c1, c8 = _draft_cost("eagle3", 1, None, tmp_path), _draft_cost("eagle3", 8, None, tmp_path)
+    assert (c1.per_position_s, c1.per_step_s) == (pytest.approx(0.28e-3), pytest.approx(0.35e-3))
+    assert (c8.per_position_s, c8.per_step_s) == (pytest.approx(0.30e-3), pytest.approx(0.825e-3))
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(FileNotFoundError, match="eagle3"):
+        _draft_cost("eagle3", 1, None, empty)

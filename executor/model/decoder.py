@@ -63,6 +63,10 @@ class CausalLM(nn.Module):
             h = layer(h, cos, sin, attention)
         return self.norm(h)
 
+    def greedy_tokens(self, hidden: torch.Tensor, rows: slice = slice(None)) -> torch.Tensor:
+        """The argmax token of each of ``hidden[rows]`` (int32; capturable)."""
+        return F.linear(hidden[rows], self.lm_head_weight).argmax(-1).to(torch.int32)
+
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """``[N, hidden_size]`` rows (e.g. each sequence's last token) -> ``[N, vocab]`` fp32."""
         return F.linear(hidden, self.lm_head_weight).float()
