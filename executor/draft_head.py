@@ -191,23 +191,18 @@ def _norm(x: torch.Tensor, norm: RMSNorm, fused: bool) -> torch.Tensor:
 
 def _linear(x, weight, bias, fused: bool) -> torch.Tensor:  # noqa: ANN001
     if fused:
-        from executor.fused import _linear as fused_linear
+        from executor.fused import linear
 
-        return fused_linear(x, weight, bias)
+        return linear(x, weight, bias)
     return F.linear(x, weight, bias)
 
 
 def _mlp(mlp: MLP, x: torch.Tensor, fused: bool) -> torch.Tensor:
-    if not fused:
-        return mlp(x)
-    from executor.fused import _linear as fused_linear
-    from executor.fused import silu_mul
-    from executor.gemv import fits, swiglu_down
+    if fused:
+        from executor.fused import swiglu_mlp
 
-    gate_up = fused_linear(x, mlp.gate_up_proj.weight)
-    if fits(gate_up, mlp.down_proj.weight):
-        return swiglu_down(gate_up, mlp.down_proj.weight)
-    return F.linear(silu_mul(gate_up), mlp.down_proj.weight)
+        return swiglu_mlp(x, mlp.gate_up_proj.weight, mlp.down_proj.weight)
+    return mlp(x)
 
 
 def draft_head_of(

@@ -256,11 +256,20 @@ def rope_(
     )
 
 
-def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None):  # noqa: ANN202
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None):  # noqa: ANN201
     """``F.linear``, by ``executor.gemv`` for one token and a small weight."""
     if gemv_fits(x, weight):
         return gemv(x, weight, bias)
     return F.linear(x, weight, bias)
+
+
+def swiglu_mlp(x: torch.Tensor, gate_up_weight: torch.Tensor, down_weight: torch.Tensor):  # noqa: ANN201
+    """``down(SiLU(gate) * up)`` of ``x``: the gate/up projection, then SiLU*up and the down
+    projection (one kernel at one token and a small weight)."""
+    gate_up = linear(x, gate_up_weight)
+    if gemv_fits(gate_up, down_weight):
+        return swiglu_down(gate_up, down_weight)
+    return F.linear(silu_mul(gate_up), down_weight)
 
 
 class FusedForward:
@@ -290,7 +299,7 @@ class FusedForward:
             else:
                 x = rms_norm(h, layer.input_layernorm.weight, eps, residual)
             att = layer.self_attn
-            qkv = _linear(x, att.qkv_proj.weight, att.qkv_proj.bias)
+            qkv = linear(x, att.qkv_proj.weight, att.qkv_proj.bias)
             q, k, v = qkv.split(self.sizes, dim=-1)
             q, k, v = q.view(t, nh, hd), k.view(t, nkv, hd), v.view(t, nkv, hd)
             if isinstance(attention, PagedAttention):  # RoPE writes K/V into the cache
@@ -302,12 +311,7 @@ class FusedForward:
             else:
                 rope_(q, k, cos_sin, positions)
                 o = attention(i, q, k, v)
-            h = _linear(o.reshape(t, nh * hd), att.o_proj.weight, att.o_proj.bias)
+            h = linear(o.reshape(t, nh * hd), att.o_proj.weight, att.o_proj.bias)
             x = rms_norm(h, layer.post_attention_layernorm.weight, eps, residual)
-            mlp = layer.mlp
-            gate_up = _linear(x, mlp.gate_up_proj.weight)
-            if gemv_fits(gate_up, mlp.down_proj.weight):
-                h = swiglu_down(gate_up, mlp.down_proj.weight)
-            else:
-                h = F.linear(silu_mul(gate_up), mlp.down_proj.weight)
+            h = swiglu_mlp(x, layer.mlp.gate_up_proj.weight, layer.mlp.down_proj.weight)
         return rms_norm(h, m.norm.weight, eps, residual)
