@@ -4,12 +4,15 @@ untimed one. The GPU waits show as ``Tensor.to`` (the verification's read-back) 
 ``Tensor.cpu`` (the drafts'); the rest is the host's own work. On the GPU machine:
 PYTHONPATH=. python3 docs/notes/run_spec_host_profile.py"""
 
-import cProfile, pstats, io
-import torch
+import cProfile
+import io
+import pstats
+
 from executor.draft_head import draft_head_of
 from executor.paged_draft import PagedDraftModelDrafter
 from executor.spec_bench import load_model
 from executor.spec_held import HeldWorkload, held_engine, run_cell
+
 work = HeldWorkload(512, 128, 256)
 target, _ = load_model("qwen2.5-7b", "bfloat16", "cuda")
 head = draft_head_of(target.config, "bfloat16", "cuda", seed=11, draft_vocab=32000)
@@ -23,4 +26,6 @@ row = run_cell(engine, work, 1, 4, 0.7, drafter)
 pr.disable()
 print("steps", row["steps"], "wall", row["wall_s"])
 for key in ("tottime", "cumulative"):
-    s = io.StringIO(); pstats.Stats(pr, stream=s).sort_stats(key).print_stats(40); print(s.getvalue()[-9000:])
+    s = io.StringIO()
+    pstats.Stats(pr, stream=s).sort_stats(key).print_stats(40)
+    print(s.getvalue()[-9000:])
