@@ -156,7 +156,10 @@ class DraftHead(nn.Module):
         the next forward's features (rows 0..)."""
         assert self._out is not None, "DraftHead.greedy_tokens before a forward"
         out = self._out[rows]
-        self._feature[: out.shape[0]].copy_(out)
+        if out.shape[0] <= GRAPH_TOKENS:
+            self._feature[: out.shape[0]].copy_(out)
+        else:  # more rows than the fixed buffer (eager): the next forward reads them from here
+            self._wide = out.clone()
         ids = F.linear(hidden[rows], self.lm_head.weight).argmax(-1)
         return self.d2t[ids].to(torch.int32)
 

@@ -16,7 +16,7 @@ if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"  # must precede the kernel modules' import
 
 from executor.draft_head import DraftHead  # noqa: E402
-from executor.model import ModelConfig  # noqa: E402
+from executor.model import DenseAttention, DenseKVCache, ModelConfig  # noqa: E402
 from executor.model.testing import tiny_config  # noqa: E402
 from executor.paged_draft import PagedDraftModelDrafter  # noqa: E402
 from executor.weights import random_weights  # noqa: E402
@@ -125,8 +125,32 @@ def test_the_heads_parameters_are_eagle3s_layout_on_the_7b():
         DraftHead(ModelConfig.for_preset("qwen2.5-7b"), 200_000, device="meta")
 
 
-def _histories(rng: np.random.Generator, lens: list[int]) -> list[np.ndarray]:
-    return [rng.integers(0, 512, n) for n in lens]
+@torch.no_grad()
+def test_features_of_more_rows_than_the_graph_buffer_chain_too():
+    """A forward of more tokens than the fixed feature buffer (an eager prefill), then one of
+    as many fed from its outputs: the second reads the first's outputs, as the reference
+    writes them out (features of the next forward = the last one's output rows)."""
+    from executor.draft_head import GRAPH_TOKENS
+
+    head, t = make_head(), GRAPH_TOKENS + 3
+    ids = torch.arange(t) % 512
+
+    def forward():  # each token its own one-token sequence: no attention across rows
+        att = DenseAttention(
+            [1] * t, [DenseKVCache(1) for _ in range(t)], head.config.attention_scale
+        )
+        return head(ids, torch.zeros_like(ids), att)
+
+    head.begin_proposal(t)
+    first = forward()
+    head.greedy_tokens(first)
+    out1 = head._out.clone()
+    second = forward()
+    ref = Reference(head)
+    for j in (0, t - 1):  # rows at both ends of the buffer: the second forward's features
+        ref.held, want = [], ref.feed([int(ids[j])], out1[j : j + 1])[1]
+        torch.testing.assert_close(head._out[j : j + 1], want, atol=1e-5, rtol=1e-5)
+    assert not torch.equal(second, first)
 
 
 def test_paged_drafter_with_the_head_proposes_the_dense_references_drafts():
