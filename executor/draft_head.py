@@ -1,10 +1,10 @@
 """A draft head in EAGLE-3's layout on a target's width, with seeded random weights: the kind of
 draft model serving engines pair with a 7B-class target, priced by its own forward.
 
-EAGLE-3 (as SGLang's and vLLM's EAGLE-3 models are laid out) drafts with one decoder layer of the target's width that
-reads two things per token: the token's embedding and a *feature*, 3 of the target's hidden
-states fused by a linear layer (``fc``: 3h -> h) at the first draft position, the head's own
-previous output after it. Per token:
+EAGLE-3 (as SGLang's and vLLM's EAGLE-3 models are laid out) drafts with one decoder layer
+of the target's width that reads two things per token: the token's embedding and a
+*feature*, 3 of the target's hidden states fused by a linear layer (``fc``: 3h -> h) at the
+first draft position, the head's own previous output after it. Per token:
 
     e = embed(token)                 (the target's embedding rows)
     x = [input_norm(e) ; hidden_norm(f)]                  2h wide

@@ -7,12 +7,13 @@ fewer than ``k`` (none found): the request then verifies what was proposed (``m 
 ``m + 1`` query tokens, at most ``m`` accepted), which the scheduler's contract allows
 (``StepResult.accepted`` is ``0..k``; the blocks for the unused drafts are trimmed by its update).
 
-A drafter is a registered name (``ngram``, ``draft_model``, ``paged_draft_model``) or
-``package.module:Class`` (``make_drafter``). A draft model plugs in through ``propose_batch``,
-which sees every verifying request of the step at once with its id (batched forwards of a
-smaller decoder, whose per-request state ``forget`` drops: ``executor.draft_model``'s dense
-reference, ``executor.paged_draft``'s paged decode steps); the built-in n-gram drafter is
-model-free, stateless, and loops over the requests.
+A drafter is a registered name (``ngram``, ``draft_model``, ``paged_draft_model``,
+``eagle3_head``) or ``package.module:Class`` (``make_drafter``). A draft model plugs in
+through ``propose_batch``, which sees every verifying request of the step at once with its id
+(batched forwards of a smaller decoder, whose per-request state ``forget`` drops:
+``executor.draft_model``'s dense reference, ``executor.paged_draft``'s paged decode steps, a
+draft head on them, ``executor.draft_head``); the built-in n-gram drafter is model-free,
+stateless, and loops over the requests.
 """
 
 from __future__ import annotations
@@ -124,10 +125,36 @@ def _paged_draft_model(**options: object) -> Drafter:
     return PagedDraftModelDrafter(**options)  # type: ignore[arg-type]
 
 
+def _eagle3_head(
+    target: object = "qwen2.5-7b",
+    draft_vocab: int | None = None,
+    dtype: str = "bfloat16",
+    device: str = "cuda",
+    seed: int = 0,
+    **paged: object,
+) -> Drafter:
+    """A draft head in EAGLE-3's layout on ``target``'s width (a preset name or a
+    ``ModelConfig``; seeded random weights, ``executor.draft_head``) on the paged drafter
+    (``paged``: its ``max_seqs``, ``max_len`` and other options)."""
+    from executor.draft_head import DRAFT_VOCAB, draft_head_of
+    from executor.model import ModelConfig
+    from executor.paged_draft import PagedDraftModelDrafter
+
+    config = ModelConfig.for_preset(target) if isinstance(target, str) else target
+    if not isinstance(config, ModelConfig):
+        raise ValueError(
+            f"eagle3_head.target must be a preset name or a ModelConfig, got {target!r}"
+        )
+    vocab = min(DRAFT_VOCAB, config.vocab_size) if draft_vocab is None else draft_vocab
+    head = draft_head_of(config, dtype, device, seed, vocab)
+    return PagedDraftModelDrafter(head, device=device, dtype=dtype, **paged)  # type: ignore[arg-type]
+
+
 DRAFTERS: Registry[Drafter] = Registry("drafter")
 DRAFTERS.register("ngram", NgramDrafter)
 DRAFTERS.register("draft_model", _draft_model)
 DRAFTERS.register("paged_draft_model", _paged_draft_model)
+DRAFTERS.register("eagle3_head", _eagle3_head)
 
 
 def make_drafter(name: str, **options: object) -> Drafter:

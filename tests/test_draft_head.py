@@ -219,3 +219,28 @@ def test_spec_bench_stated_grid_runs_the_head(tmp_path):
     cost = res["draft_cost"][0]
     assert cost["engine_decode_ms"] is None and cost["paged_ms_per_position"] > 0
     assert "dense_ms_per_position" not in cost
+
+
+def test_the_registered_eagle3_head_drafter_runs_in_the_engine():
+    """``EngineConfig(drafter="eagle3_head")`` on the tiny target under stated acceptance: the
+    head drafts every verification and every request ends with its trace's length; a target
+    that is neither a preset name nor a config is refused, naming the field."""
+    from test_engine_offline import OUTPUT_LENS, engine, make_model, make_requests
+
+    from executor.drafter import make_drafter
+    from horizon.speculation import SpeculationConfig
+
+    model = make_model()
+    options = (("target", model.config), ("max_seqs", 4), ("max_len", 128))
+    options += (("dtype", "float32"), ("device", "cpu"))
+    spec = SpeculationConfig(policy="fixed", num_draft_tokens=2)
+    e = engine(model, speculation=spec, acceptance=("geometric", 0.7), drafter="eagle3_head",
+               drafter_options=options)  # fmt: skip
+    rec = e.run_offline(make_requests())
+    rec.check()
+    assert isinstance(e.runner.drafter.model, DraftHead)
+    assert e.runner.drafter.model.draft_vocab == 512  # the tiny target's, under 32,000
+    assert e.runner.num_proposed > 0 and e.runner.drafter.num_steps > 0
+    assert [len(e.outputs[i]) for i in range(len(OUTPUT_LENS))] == list(OUTPUT_LENS)
+    with pytest.raises(ValueError, match="eagle3_head.target"):
+        make_drafter("eagle3_head", target=42, max_seqs=1, max_len=8, device="cpu")
