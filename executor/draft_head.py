@@ -209,11 +209,14 @@ def _mlp(mlp: MLP, x: torch.Tensor, fused: bool) -> torch.Tensor:
 
 
 def draft_head_of(
-    target: ModelConfig, dtype: str, device: str, seed: int = 0, draft_vocab: int = DRAFT_VOCAB
+    target: ModelConfig, dtype: str, device: str, seed: int = 0, draft_vocab: int | None = None
 ) -> DraftHead:
-    """A ``DraftHead`` over ``target`` with seeded random weights (``executor.bench``'s)."""
+    """A ``DraftHead`` over ``target`` with seeded random weights (``executor.bench``'s);
+    ``draft_vocab`` by default ``DRAFT_VOCAB``, or the target's vocabulary where smaller."""
     from executor.bench import device_random_weights
 
+    if draft_vocab is None:
+        draft_vocab = min(DRAFT_VOCAB, target.vocab_size)
     head = DraftHead(target, draft_vocab, device=device, dtype=getattr(torch, dtype))
     device_random_weights(head, seed)
     return head.eval()

@@ -136,7 +136,7 @@ def _eagle3_head(
     """A draft head in EAGLE-3's layout on ``target``'s width (a preset name or a
     ``ModelConfig``; seeded random weights, ``executor.draft_head``) on the paged drafter
     (``paged``: its ``max_seqs``, ``max_len`` and other options)."""
-    from executor.draft_head import DRAFT_VOCAB, draft_head_of
+    from executor.draft_head import draft_head_of
     from executor.model import ModelConfig
     from executor.paged_draft import PagedDraftModelDrafter
 
@@ -145,8 +145,7 @@ def _eagle3_head(
         raise ValueError(
             f"eagle3_head.target must be a preset name or a ModelConfig, got {target!r}"
         )
-    vocab = min(DRAFT_VOCAB, config.vocab_size) if draft_vocab is None else draft_vocab
-    head = draft_head_of(config, dtype, device, seed, vocab)
+    head = draft_head_of(config, dtype, device, seed, draft_vocab)
     return PagedDraftModelDrafter(head, device=device, dtype=dtype, **paged)  # type: ignore[arg-type]
 
 

@@ -67,6 +67,20 @@ def draft_model_of(
     return model.eval()
 
 
+def _forward_of(model, backend: str):  # noqa: ANN001, ANN202 - a CausalLM or DraftHead; a callable
+    """``model``'s forward on ``backend``: a draft head picks its kernels itself, a
+    ``CausalLM`` on Triton runs ``executor.fused``'s."""
+    from executor.draft_head import DraftHead
+
+    if isinstance(model, DraftHead):
+        return functools.partial(model.forward, kernels=backend)
+    if backend == "triton":
+        from executor.fused import FusedForward
+
+        return FusedForward(model)
+    return model
+
+
 class PagedDraftModelDrafter(Drafter):
     """Greedy drafts from ``model`` (a ``CausalLM`` whose vocabulary fits the target's, or a
     preset name: random weights, ``draft_model_of``) on a paged KV cache of ``max_seqs`` slots
@@ -121,18 +135,21 @@ class PagedDraftModelDrafter(Drafter):
         )  # fmt: skip
         self.attention = PagedAttention(kv, c.attention_scale, self.backend)
         # a draft head (executor.draft_head) prices its fusion layer before a proposal's first
-        # forward and a prefill, and picks its kernels itself
+        # forward and a prefill
         self._begin = getattr(model, "begin_proposal", None)
-        if isinstance(model, DraftHead):
-            self._forward = functools.partial(model.forward, kernels=self.backend)
-        elif self.backend == "triton":
-            from executor.fused import FusedForward
-
-            self._forward = FusedForward(model)
-        else:
-            self._forward = model
+        self._forward = _forward_of(model, self.backend)
         self.buckets = decode_buckets(max_seqs, graph_batch_sizes)
-        nb = self.buckets[-1]
+        self._init_buffers(self.buckets[-1])
+        self._graphs: dict[tuple[str, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self._pool = None
+        self._slots: dict[int, tuple[int, np.ndarray, int]] = {}  # rid: slot, tokens, verified
+        self._free = list(range(max_seqs - 1, -1, -1))
+        self.num_calls = self.num_steps = self.num_prefill_tokens = self.num_two_token_steps = 0
+        self.time_s = 0.0
+
+    def _init_buffers(self, nb: int) -> None:
+        """The static inputs of the steps' graphs, for up to ``nb`` rows."""
+        dev = self.device
         self._buf = {
             n: torch.zeros(nb, dtype=torch.int32, device=dev) for n in ("ids", "pos", "slot", "ctx")
         }
@@ -142,12 +159,6 @@ class PagedDraftModelDrafter(Drafter):
             "ctx": torch.full((nb,), 2, dtype=torch.int32, device=dev),
             "cu": torch.arange(0, 2 * nb + 1, 2, dtype=torch.int32, device=dev),
         }
-        self._graphs: dict[tuple[str, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
-        self._pool = None
-        self._slots: dict[int, tuple[int, np.ndarray, int]] = {}  # rid: slot, tokens, verified
-        self._free = list(range(max_seqs - 1, -1, -1))
-        self.num_calls = self.num_steps = self.num_prefill_tokens = self.num_two_token_steps = 0
-        self.time_s = 0.0
 
     # -- requests --------------------------------------------------------------------------------
     def forget(self, request_id: int) -> None:

@@ -32,13 +32,13 @@ def _draft_maker(a: Namespace, target):  # noqa: ANN001, ANN202
     from executor.spec_bench import load_model
 
     if a.drafter == "eagle3":
-        from executor.draft_head import DRAFT_VOCAB, draft_head_of
+        from executor.draft_head import draft_head_of
 
-        vocab = min(DRAFT_VOCAB, target.config.vocab_size)
-        draft = draft_head_of(target.config, a.dtype, a.device, seed=11, draft_vocab=vocab)
+        draft = draft_head_of(target.config, a.dtype, a.device, seed=11)
         label = (
-            f"EAGLE-3-layout draft head on the target's width (1 layer, {vocab:,}-token draft "
-            "vocabulary; random weights, stand-in target features), paged, batched decode steps"
+            "EAGLE-3-layout draft head on the target's width (1 layer, "
+            f"{draft.draft_vocab:,}-token draft vocabulary; random weights, stand-in target "
+            "features), paged, batched decode steps"
         )
         key = "eagle3"
     elif a.drafter.startswith("draft:"):
