@@ -34,6 +34,12 @@ class Drafter:
           (possibly none), the request's next tokens as the drafter guesses them.
         * ``propose_batch`` gets the step's verifying requests' histories, ``k``s and ids in
           plan order and returns one proposal each (default: ``propose`` per request).
+        * ``prefetch(histories, ks, request_ids)``: the runner's hint, right after a
+          verification, of the requests' next proposals (their histories as committed); a
+          drafter may start on them now (``executor.paged_draft``: on the device, while the
+          host plans the next step) but ``propose_batch`` must still return its drafts of
+          the histories it is given (up to the rounding of another batching). Default:
+          ignored.
         * ``forget(request_id)``: the runner no longer holds the request (finished, aborted,
           or a new run); a drafter with per-request state drops it.
         * Deterministic drafters only: acceptance treats a draft as drawn from a one-hot
@@ -57,6 +63,11 @@ class Drafter:
         self, histories: Sequence[np.ndarray], ks: Sequence[int], request_ids: Sequence[int]
     ) -> list[np.ndarray]:
         return [self.propose(h, k) for h, k in zip(histories, ks)]
+
+    def prefetch(
+        self, histories: Sequence[np.ndarray], ks: Sequence[int], request_ids: Sequence[int]
+    ) -> None:
+        """A hint of the next ``propose_batch`` (see the contracts): ignored here."""
 
     def forget(self, request_id: int) -> None:
         """Drop ``request_id``'s state (stateless: nothing)."""

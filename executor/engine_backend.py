@@ -93,11 +93,24 @@ class EngineBackend:
                     finished.append(r)
         for r in finished:
             self.outputs[r.request_id] = self.runner.release(r)
+        self._draft_ahead(plan, limits, out.verified, finished)
         token_ids = dict(zip(out.request_ids, out.tokens))
         for (r, _), tokens in zip(plan.verifies, out.verified):
             token_ids[r.request_id] = tokens[-1]
         duration = time.perf_counter() - t0
         return StepResult(duration, tuple(finished), token_ids, accepted=tuple(out.accepted))
+
+    def _draft_ahead(self, plan: StepPlan, limits, verified, finished) -> None:  # noqa: ANN001
+        """The verifying requests that go on will most likely verify as many drafts next (or
+        what their emit limit leaves): the runner may have their drafts started now."""
+        done = {r.request_id for r in finished}
+        ahead, ks = [], []
+        for (r, k), limit, tokens in zip(plan.verifies, limits, verified):
+            k_next = min(k, limit - len(tokens) - 1)
+            if k_next > 0 and r.request_id not in done:
+                ahead.append(r)
+                ks.append(k_next)
+        self.runner.draft_ahead(ahead, ks)
 
     def drains_before(self, plan: StepPlan) -> bool:
         return bool(plan.preempted) or plan.is_empty

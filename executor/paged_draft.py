@@ -20,6 +20,16 @@ of ``k`` drafts from a history ``h`` (its last token last):
    row: slot ``-1``, context 0), padded to a graph bucket, inputs chained on the device; the
    drafts are read back once.
 
+3. *drafting ahead* (``prefetch``): the runner launches the next step's proposals as soon as
+   a verification's tokens are committed, for the requests that go on with the same ``k``
+   (EAGLE's and vLLM's place for drafting: at the end of the step that verified), and the
+   scheduler's update and plan run on the host while the device drafts. The next plan's
+   ``propose_batch`` reads back those whose history and ``k`` match and proposes the rest
+   afresh (``num_ahead`` counts the drafts taken ahead). Either way a draft is the model's
+   argmax after the same history; a proposal made afresh after a launch ahead may run in
+   another batch or catch-up path than it would have, so where two logits nearly tie the
+   argmax may differ by rounding, as between any two batchings of the same requests.
+
 So a proposal costs ``k`` forwards of the batch, as a draft model in a paged engine takes
 (``num_steps`` counts them, ``num_two_token_steps`` the two-token first forwards, ``time_s``
 times the proposals, ``num_prefill_tokens`` counts the eager prefills' tokens). Drafts are the
@@ -36,6 +46,7 @@ from collections.abc import Sequence
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from executor.attention import PagedAttention
 from executor.drafter import Drafter
@@ -81,6 +92,21 @@ def _forward_of(model, backend: str):  # noqa: ANN001, ANN202 - a CausalLM or Dr
     return model
 
 
+@dataclasses.dataclass
+class _Launch:
+    """Proposals queued on the device: histories, request ids, ``k`` each, slots, histories'
+    lengths, the ``[max k, bucket]`` drafts, and the requests whose slots were since caught up
+    by another launch (``skip``: their slots keep that one's state)."""
+
+    hs: list[np.ndarray]
+    rids: list[int]
+    k: np.ndarray
+    slots: np.ndarray
+    lens: np.ndarray
+    dev: torch.Tensor
+    skip: set[int] = dataclasses.field(default_factory=set)
+
+
 class PagedDraftModelDrafter(Drafter):
     """Greedy drafts from ``model`` (a ``CausalLM`` whose vocabulary fits the target's, or a
     preset name: random weights, ``draft_model_of``) on a paged KV cache of ``max_seqs`` slots
@@ -92,6 +118,10 @@ class PagedDraftModelDrafter(Drafter):
         max_len: most tokens of a request (the target's ``max_model_len``).
         cuda_graphs: replay decode steps from graphs (default: on CUDA with Triton).
         backend: attention kernels (default: triton on CUDA, torch on CPU).
+        draft_ahead: honour ``prefetch`` (the runner's call right after a verification): the
+            next proposals' forwards run on the device while the host plans the next step.
+        on_device: honour ``propose_on_device`` (the drafts stay on the device while the
+            runner stages the verification; read back with it).
     """
 
     name = "paged_draft_model"
@@ -108,6 +138,8 @@ class PagedDraftModelDrafter(Drafter):
         device: str = "cuda",
         seed: int = 0,
         graph_batch_sizes: Sequence[int] = GRAPH_BATCH_SIZES,
+        draft_ahead: bool = True,
+        on_device: bool = True,
     ) -> None:
         from executor.draft_head import DraftHead
 
@@ -144,6 +176,11 @@ class PagedDraftModelDrafter(Drafter):
         self._pool = None
         self._slots: dict[int, tuple[int, np.ndarray, int]] = {}  # rid: slot, tokens, verified
         self._free = list(range(max_seqs - 1, -1, -1))
+        self.draft_ahead, self.on_device = bool(draft_ahead), bool(on_device)
+        self._ahead: _Launch | None = None  # prefetch's, not yet taken
+        self._issued: list[_Launch] = []  # handed over on the device, slots not yet told
+        self._ready: dict[int, tuple[np.ndarray, int, np.ndarray]] = {}  # history, k, drafts
+        self.num_ahead = 0
         self.num_calls = self.num_steps = self.num_prefill_tokens = self.num_two_token_steps = 0
         self.time_s = 0.0
 
@@ -162,13 +199,20 @@ class PagedDraftModelDrafter(Drafter):
 
     # -- requests --------------------------------------------------------------------------------
     def forget(self, request_id: int) -> None:
+        for launch in (self._ahead, *self._issued):  # launches in flight leave its slot be
+            if launch is not None:
+                launch.skip.add(request_id)
+        self._issued = [x for x in self._issued if not x.skip.issuperset(x.rids)]
+        if self._ahead is not None and self._ahead.skip.issuperset(self._ahead.rids):
+            self._ahead = None
+        self._ready.pop(request_id, None)
         entry = self._slots.pop(request_id, None)
         if entry is not None:
             self._free.append(entry[0])
 
     def reset_counters(self) -> None:
         self.num_calls = self.num_steps = self.num_prefill_tokens = self.num_two_token_steps = 0
-        self.time_s = 0.0
+        self.num_ahead, self.time_s = 0, 0.0
 
     def _claim(self, rid: int, history: np.ndarray, busy: set[int]) -> tuple[int, int]:
         """``rid``'s slot and how many of ``history``'s tokens it holds (its tokens cut to
@@ -202,9 +246,108 @@ class PagedDraftModelDrafter(Drafter):
         if not live:
             return out
         t0 = time.perf_counter()
-        busy = {request_ids[i] for i in live}
-        hs = [np.asarray(histories[i], dtype=np.int64) for i in live]
-        claimed = [self._claim(request_ids[i], h, busy) for i, h in zip(live, hs)]
+        self._settle()
+        ready, self._ready = self._ready, {}
+        todo = []
+        for i in live:  # drafts launched ahead for this very history and k: taken as they are
+            got = ready.get(request_ids[i])
+            if got is not None and got[1] == ks[i] and np.array_equal(got[0], histories[i]):
+                out[i] = got[2]
+                self.num_ahead += 1
+            else:
+                todo.append(i)
+        if todo:
+            busy = {request_ids[i] for i in live}
+            launch = self._launch([histories[i] for i in todo], todo, ks, request_ids, busy)
+            for i, d in zip(todo, self._commit(launch)):
+                out[i] = d
+        self.num_calls += 1
+        self.time_s += time.perf_counter() - t0
+        return out
+
+    @torch.no_grad()
+    def propose_on_device(
+        self, histories: Sequence[np.ndarray], ks: Sequence[int], request_ids: Sequence[int]
+    ) -> torch.Tensor | None:
+        """``propose_batch``'s drafts left on the device, so that the runner stages the
+        verification while they are made: an int32 ``[max k, >= n]`` tensor whose column ``i``
+        holds request ``i``'s ``ks[i]`` drafts, every one proposed (None where some ``k`` is 0:
+        ``propose_batch`` then). Drafts launched ahead for an equal history and ``k`` are
+        taken; the slots learn their drafts at the next call."""
+        if not self.on_device or not ks or min(ks) <= 0:
+            return None
+        t0 = time.perf_counter()
+        self._settle_issued()
+        self._ready = {}
+        ahead, self._ahead = self._ahead, None
+        cols, todo = np.arange(len(ks), dtype=np.int64), []
+        where = {} if ahead is None else {rid: j for j, rid in enumerate(ahead.rids)}
+        for i, rid in enumerate(request_ids):
+            j = where.get(rid)
+            if j is not None and ahead.k[j] == ks[i] and np.array_equal(ahead.hs[j], histories[i]):
+                cols[i] = j
+            else:
+                todo.append(i)
+                if j is not None:
+                    ahead.skip.add(rid)  # its slot is caught up afresh below
+        parts = [] if ahead is None else [ahead]
+        if todo:
+            launch = self._launch(
+                [histories[i] for i in todo], todo, ks, request_ids, set(request_ids)
+            )
+            cols[todo] = np.arange(len(todo)) + (0 if ahead is None else ahead.dev.shape[1])
+            parts.append(launch)
+        self._issued += parts
+        self.num_ahead += len(ks) - len(todo)
+        self.num_calls += 1
+        self.time_s += time.perf_counter() - t0
+        if len(parts) == 1 and np.array_equal(cols, np.arange(len(ks))):
+            return parts[0].dev
+        kmax = max(x.dev.shape[0] for x in parts)
+        wide = torch.cat([F.pad(x.dev, (0, 0, 0, kmax - x.dev.shape[0])) for x in parts], dim=1)
+        return wide.index_select(1, torch.from_numpy(cols).to(self.device, non_blocking=True))
+
+    @torch.no_grad()
+    def prefetch(
+        self, histories: Sequence[np.ndarray], ks: Sequence[int], request_ids: Sequence[int]
+    ) -> None:
+        """Launch the proposals of ``histories`` now (``draft_ahead``), their drafts left on
+        the device while the host plans the next step; a proposal of a request with an equal
+        history and ``k`` takes them, any other proposes afresh."""
+        self._settle()
+        live = [i for i, k in enumerate(ks) if k > 0]
+        if not self.draft_ahead or not live:
+            return
+        t0 = time.perf_counter()
+        hs = [np.array(histories[i], dtype=np.int64) for i in live]  # copies: the runner's rows
+        self._ahead = self._launch(hs, live, ks, request_ids, {request_ids[i] for i in live})
+        self.time_s += time.perf_counter() - t0
+
+    def _settle_issued(self) -> None:
+        """The slots of proposals handed over on the device learn their drafts."""
+        issued, self._issued = self._issued, []
+        for launch in issued:
+            self._commit(launch)
+
+    def _settle(self) -> None:
+        """As ``_settle_issued``; drafts launched ahead and not taken are read back and kept
+        by request, for ``propose_batch``."""
+        self._settle_issued()
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None:
+            drafts, self._ready = self._commit(ahead), {}
+            for rid, h, n, d in zip(ahead.rids, ahead.hs, ahead.k, drafts):
+                if rid not in ahead.skip:
+                    self._ready[rid] = (h, int(n), d)
+
+    def _launch(self, hs, idx, ks, request_ids, busy) -> _Launch:  # noqa: ANN001
+        """Queue the proposals of histories ``hs`` (requests ``idx`` of ``ks`` and
+        ``request_ids``) on the device: each request's slot and catch-up, then its decode
+        steps."""
+        hs = [np.asarray(h, dtype=np.int64) for h in hs]
+        rids = [request_ids[i] for i in idx]
+        k = np.array([ks[i] for i in idx], dtype=np.int64)
+        claimed = [self._claim(rid, h, busy) for rid, h in zip(rids, hs)]
         slots = np.array([s for s, _ in claimed], dtype=np.int64)
         keep = np.array([n for _, n in claimed], dtype=np.int64)
         lens = np.array([len(h) for h in hs], dtype=np.int64)
@@ -214,14 +357,20 @@ class PagedDraftModelDrafter(Drafter):
         if len(long):  # all but the last two tokens of long remainders: one ragged forward
             self._prefill([hs[j][keep[j] : lens[j] - 2] for j in long], slots[long], keep[long])
             keep[long] = lens[long] - 2
-        k = np.array([ks[i] for i in live], dtype=np.int64)
-        drafts = self._decode_steps(hs, slots, keep, lens, k)
-        for j, i in enumerate(live):
-            out[i] = drafts[j, : k[j]].copy()
-            fed = np.concatenate([hs[j], out[i][: k[j] - 1]])
-            self._slots[request_ids[i]] = (int(slots[j]), fed, int(lens[j]))
-        self.num_calls += 1
-        self.time_s += time.perf_counter() - t0
+        return _Launch(hs, rids, k, slots, lens, self._decode_steps(hs, slots, keep, lens, k))
+
+    def _commit(self, launch: _Launch) -> list[np.ndarray]:
+        """Read a launch's drafts back; each slot (but those ``skip``ped: caught up again
+        since) now holds its history and all but its last draft."""
+        drafts = launch.dev.cpu().numpy().T[: len(launch.hs)].astype(np.int64)
+        out = []
+        for j, rid in enumerate(launch.rids):
+            k = launch.k[j]
+            d = drafts[j, :k].copy()
+            if rid not in launch.skip:
+                fed = np.concatenate([launch.hs[j], d[: k - 1]])
+                self._slots[rid] = (int(launch.slots[j]), fed, int(launch.lens[j]))
+            out.append(d)
         return out
 
     def _prefill(self, chunks: list[np.ndarray], slots: np.ndarray, starts: np.ndarray) -> None:
@@ -232,7 +381,9 @@ class PagedDraftModelDrafter(Drafter):
         dev, i32 = self.device, torch.int32
 
         def t(a: np.ndarray) -> torch.Tensor:
-            return torch.from_numpy(np.ascontiguousarray(a)).to(device=dev, dtype=i32)
+            return torch.from_numpy(np.ascontiguousarray(a)).to(
+                device=dev, dtype=i32, non_blocking=True
+            )
 
         cu = np.concatenate([[0], np.cumsum(q)])
         self.attention.set_step(
@@ -246,12 +397,13 @@ class PagedDraftModelDrafter(Drafter):
     def _tables(self, slots: np.ndarray) -> np.ndarray:
         return slots[:, None] * self.slot_blocks + np.arange(self.slot_blocks)[None, :]
 
-    def _decode_steps(self, hs, slots, keep, lens, k) -> np.ndarray:  # noqa: ANN001
-        """``[n, max k]`` drafts: a first forward of each row's last token (one decode step)
-        or, when some row has two tokens to catch up, of each row's last two tokens (one
-        ragged step of two tokens a row: a row with one re-computes the KV of the token before
-        its last, which its slot holds already); then ``max k - 1`` decode steps, step ``s``
-        feeding row ``j`` its draft ``s`` at position ``lens[j] - 1 + s``."""
+    def _decode_steps(self, hs, slots, keep, lens, k) -> torch.Tensor:  # noqa: ANN001
+        """``[max k, bucket]`` drafts on the device (row ``j``'s in column ``j``): a first
+        forward of each row's last token (one decode step) or, when some row has two tokens to
+        catch up, of each row's last two tokens (one ragged step of two tokens a row: a row
+        with one re-computes the KV of the token before its last, which its slot holds
+        already); then ``max k - 1`` decode steps, step ``s`` feeding row ``j`` its draft
+        ``s`` at position ``lens[j] - 1 + s``."""
         n, kmax = len(hs), int(k.max())
         b = bucket_of(n, self.buckets) if self.cuda_graphs else n
         span = self.slot_blocks * self.block_size
@@ -266,8 +418,8 @@ class PagedDraftModelDrafter(Drafter):
         meta[3, :, :n] = np.where(active, pos + 1, 0).T
         tables = np.zeros((b, self.slot_blocks), dtype=np.int32)
         tables[:n] = self._tables(slots)
-        self._bt[:b].copy_(torch.from_numpy(tables))
-        meta_dev = torch.from_numpy(meta).to(self.device)
+        self._bt[:b].copy_(torch.from_numpy(tables), non_blocking=True)
+        meta_dev = torch.from_numpy(meta).to(self.device, non_blocking=True)
         drafts = torch.empty((kmax, b), dtype=torch.int32, device=self.device)
         buf = self._buf
         pair = int((lens - keep).max()) > 1
@@ -287,7 +439,7 @@ class PagedDraftModelDrafter(Drafter):
                 tokens = self._step(b)
             drafts[st].copy_(tokens)
         self.num_steps += kmax
-        return drafts.cpu().numpy().T[:n].astype(np.int64)
+        return drafts
 
     def _pair_step(self, hs, slots, lens, b: int) -> torch.Tensor:  # noqa: ANN001
         """The first forward of two tokens a row (positions ``lens - 2``, ``lens - 1``); padding
@@ -302,8 +454,8 @@ class PagedDraftModelDrafter(Drafter):
         ctx = np.full(b, 2, dtype=np.int32)
         ctx[:n] = lens
         p = self._pair_buf
-        p["tok"][:, : 2 * b].copy_(torch.from_numpy(meta))
-        p["ctx"][:b].copy_(torch.from_numpy(ctx))
+        p["tok"][:, : 2 * b].copy_(torch.from_numpy(meta), non_blocking=True)
+        p["ctx"][:b].copy_(torch.from_numpy(ctx), non_blocking=True)
         return self._run(("pair", b))
 
     # -- decode steps and their graphs ------------------------------------------------------------

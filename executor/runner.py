@@ -145,6 +145,8 @@ class _Staging:
             "erow": max_seqs,
             "upd_idx": max_updates,
             "upd_val": max_updates,
+            "draft_dst": max_tokens,  # drafts made on the device: their tokens' places
+            "draft_src": max_tokens,  # and where each is in the drafter's tensor
         }
         sizes = {k: -(-n // 16) * 16 for k, n in sizes.items()}  # 64-byte aligned regions
         total = sum(sizes.values())
@@ -201,6 +203,7 @@ class _Verifies:
 
     __slots__ = (
         "requests", "rows", "starts", "drafts", "limits", "stop_ids", "host", "n", "next", "stated",
+        "dev", "flat", "t0",
     )  # fmt: skip
 
     def __init__(self, requests, rows, starts, drafts, limits, stop_ids) -> None:  # noqa: ANN001
@@ -210,6 +213,12 @@ class _Verifies:
         self.n = sum(len(d) + 1 for d in drafts)  # query rows
         self.next: np.ndarray | None = None  # each row's next draft (verify.next_drafts)
         self.stated: np.ndarray | None = None  # accepted drafts drawn from a stated model
+        # drafts left on the device by the drafter (``propose_on_device``; ``drafts`` hold
+        # zeros until the step is read back): its tensor, the drafts in query order, and the
+        # verifications' first token in the step
+        self.dev: torch.Tensor | None = None
+        self.flat: torch.Tensor | None = None
+        self.t0 = 0
 
 
 class ModelRunner:
@@ -614,6 +623,8 @@ class ModelRunner:
         self._s.upload()
         self._apply_updates()
         self._restore_stale()
+        if ver is not None and ver.dev is not None:
+            self._place_drafts(ver)
         m = len(emitters)
         logits, tokens, logits_all, judged = self._forward_step(
             shape, nd, num_tokens, num_seqs, m, all_logits, ver
@@ -625,8 +636,8 @@ class ModelRunner:
         host, event = self._read_back(tokens, rows_e, m, commit)
         logits = None if logits is None else logits[:m]  # the emitters' rows
         step = _Pending(emitters, rids, rows_e, m, host.numpy(), event, commit, logits, logits_all)
-        if ver is not None:
-            ver.host = judged.cpu().numpy()  # a verification step is read back at once
+        if ver is not None:  # a verification step is read back at once
+            self._read_verification(ver, judged)
             step.verify = ver
         return step
 
@@ -708,8 +719,8 @@ class ModelRunner:
         rows = sorted(self._stale)
         self._stale.clear()
         last = self._hist[rows, self._len[rows] - 1]
-        idx = torch.tensor(rows, dtype=torch.int64).to(self.device)
-        self._last_tok[idx] = torch.from_numpy(last).to(self.device)
+        idx = torch.tensor(rows, dtype=torch.int64).to(self.device, non_blocking=True)
+        self._last_tok[idx] = torch.from_numpy(last).to(self.device, non_blocking=True)
 
     def _padding(self, plan: StepPlan, nd: int, ver: _Verifies | None = None) -> tuple[int, ...]:
         """``(bucket, mixed, expanded)``: the decode bucket a decode-only step, the token bucket
@@ -967,18 +978,65 @@ class ModelRunner:
             starts.append(length - 1)
             histories.append(hist[row, :length])
             ks.append(max(0, min(k, limit - 1)))
-        proposals = self.drafter.propose_batch(histories, ks, [r.request_id for r in reqs])
-        name = type(self.drafter).__name__
-        if len(proposals) != len(reqs):
-            raise RuntimeError(f"{name}.propose_batch gave {len(proposals)} for {len(reqs)}")
-        drafts = [np.asarray(d[:k], dtype=np.int64) for d, k in zip(proposals, ks)]
-        vocab = self.model.config.vocab_size
-        if any(len(d) and (d.min() < 0 or d.max() >= vocab) for d in drafts):
-            raise RuntimeError(f"{name} proposed a token outside the vocabulary [0, {vocab})")
+        rids = [r.request_id for r in reqs]
+        on_device = getattr(self.drafter, "propose_on_device", None)
+        dev = None if on_device is None else on_device(histories, ks, rids)
+        if dev is None:
+            proposals = self.drafter.propose_batch(histories, ks, rids)
+            name = type(self.drafter).__name__
+            if len(proposals) != len(reqs):
+                raise RuntimeError(f"{name}.propose_batch gave {len(proposals)} for {len(reqs)}")
+            drafts = [np.asarray(d[:k], dtype=np.int64) for d, k in zip(proposals, ks)]
+            self._check_vocab(drafts)
+        else:  # every k proposed, read back with the verification
+            drafts = [np.zeros(k, dtype=np.int64) for k in ks]
         ver = _Verifies(reqs, rows, starts, drafts, limits, stop_ids)
+        ver.dev = dev
         if self.acceptance is not None:  # drawn from the requests' pre-step counters
             ver.stated = self.acceptance.sample([(r, len(d)) for r, d in zip(reqs, drafts)])
         return ver
+
+    def draft_ahead(self, requests: Sequence[Request], ks: Sequence[int]) -> None:
+        """Hint the drafter (``Drafter.prefetch``) that ``requests`` will next verify ``ks``
+        drafts from their histories as committed now, so it may start proposing while the
+        host plans (requests with a step in flight: none)."""
+        prefetch = getattr(self.drafter, "prefetch", None)
+        if prefetch is None or not requests:
+            return
+        assert self._in_flight == 0, "drafting ahead with a step in flight"
+        histories = []
+        for r in requests:
+            row = self._seqs[r.request_id].row
+            assert row >= 0, f"request {r.request_id} drafts ahead without a row"
+            histories.append(self._hist[row, : self._len[row]])
+        prefetch(histories, ks, [r.request_id for r in requests])
+
+    def _check_vocab(self, drafts: Sequence[np.ndarray]) -> None:
+        vocab = self.model.config.vocab_size
+        if any(len(d) and (d.min() < 0 or d.max() >= vocab) for d in drafts):
+            name = type(self.drafter).__name__
+            raise RuntimeError(f"{name} proposed a token outside the vocabulary [0, {vocab})")
+
+    def _place_drafts(self, ver: _Verifies) -> None:
+        """Copy drafts made on the device into the step's uploaded input ids (their places
+        staged by ``_stage_verifies``)."""
+        t, n = self._s.t, sum(len(d) for d in ver.drafts)
+        src = t["draft_src"][:n].to(torch.int64)
+        ver.flat = ver.dev.reshape(-1).index_select(0, src).to(torch.int32)
+        t["ids"].index_copy_(0, t["draft_dst"][:n].to(torch.int64), ver.flat)
+
+    def _read_verification(self, ver: _Verifies, judged: torch.Tensor) -> None:
+        """Read the judgement (and drafts made on the device) back."""
+        if ver.dev is None:
+            ver.host = judged.cpu().numpy()
+            return
+        both = torch.cat([judged.reshape(-1), ver.flat]).cpu().numpy().astype(np.int64)
+        ver.host = both[: 2 * ver.n].reshape(2, ver.n)
+        ends = np.cumsum([len(d) for d in ver.drafts])
+        ver.drafts = np.split(both[2 * ver.n :], ends[:-1])
+        ver.next = verify.next_drafts(ver.drafts)
+        ver.dev = ver.flat = None
+        self._check_vocab(ver.drafts)
 
     def _stage_verifies(
         self,
@@ -1007,6 +1065,13 @@ class ModelRunner:
         t1, s1 = t0 + ver.n, s0 + len(rows)
         ends = np.cumsum(q)
         h["ids"][t0:t1] = np.concatenate(ids)
+        ver.t0 = t0
+        if ver.dev is not None:  # drafts made on the device: where each goes and comes from
+            k = q - 1
+            nd = int(k.sum())
+            s = np.arange(nd) - np.repeat(np.cumsum(k) - k, k)  # each draft's index
+            h["draft_dst"][:nd] = t0 + np.repeat(ends - q + 1, k) + s
+            h["draft_src"][:nd] = s * ver.dev.shape[1] + np.repeat(np.arange(len(k)), k)
         h["src"][t0:t1] = -1
         pos = np.repeat(starts - (ends - q), q) + np.arange(ver.n)
         h["pos"][t0:t1] = pos
@@ -1022,8 +1087,13 @@ class ModelRunner:
 
     def _judge(self, ver: _Verifies, vlogits: torch.Tensor) -> torch.Tensor:
         """``verify.judge`` on the query rows: ``[2, n]`` (accept, alt) on the device."""
-        ver.next = verify.next_drafts(ver.drafts)
-        nxt = torch.from_numpy(ver.next).to(self.device)
+        if ver.dev is None:
+            ver.next = verify.next_drafts(ver.drafts)
+            nxt = torch.from_numpy(ver.next).to(self.device, non_blocking=True)
+        else:  # each draft follows the query row before its own
+            nxt = torch.full((ver.n,), -1, dtype=torch.int64, device=self.device)
+            at = self._s.t["draft_dst"][: len(ver.flat)].to(torch.int64) - (ver.t0 + 1)
+            nxt.index_copy_(0, at, ver.flat.to(torch.int64))
         batch = None
         seqs = [self._seqs[r.request_id] for r in ver.requests] if self._num_sampled else []
         if any(s.params.needs_sampler for s in seqs):

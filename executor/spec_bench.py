@@ -312,6 +312,12 @@ def _parser() -> argparse.ArgumentParser:
         default="on",
         help="verification steps without chunks as expanded decode steps (off: the mixed path)",
     )
+    p.add_argument(
+        "--draft-ahead",
+        choices=("on", "off"),
+        default="on",
+        help="a draft model's next proposals launched right after each verification",
+    )
     return p
 
 

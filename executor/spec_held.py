@@ -122,6 +122,7 @@ def run_cell(engine, work: HeldWorkload, batch: int, k: int, alpha: float | None
         row["expected_per_draft"] = float(stated.survival(k).sum()) / k
         row["draft_s"] = getattr(drafter, "time_s", None)
         row["draft_steps"] = getattr(drafter, "num_steps", None)
+        row["drafts_ahead"] = getattr(drafter, "num_ahead", None)  # proposals launched ahead
         if row["draft_s"] is not None and row["draft_steps"]:
             row["draft_share"] = row["draft_s"] / wall
             row["draft_ms_per_step"] = 1e3 * row["draft_s"] / row["draft_steps"]

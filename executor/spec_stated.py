@@ -56,7 +56,8 @@ def _draft_maker(a: Namespace, target):  # noqa: ANN001, ANN202
         raise SystemExit(f"--drafter must be ngram, eagle3 or draft:NAME, got {a.drafter!r}")
 
     def make(batch: int, max_len: int) -> PagedDraftModelDrafter:
-        return PagedDraftModelDrafter(draft, max_seqs=batch, max_len=max_len)
+        ahead = a.draft_ahead == "on"
+        return PagedDraftModelDrafter(draft, max_seqs=batch, max_len=max_len, draft_ahead=ahead)
 
     return label, make, draft, key
 
@@ -99,6 +100,7 @@ def main_stated(a: Namespace, batches: list[int], ks: list[int]) -> int:
     result = {**env, "title": title, "model": a.model, "dtype": a.dtype, "args": vars(a)}
     result |= {"acceptance": f"{stated} (geometric, seed 0)", "drafter": label}
     result["verify_as_decode"] = on
+    result["draft_ahead"] = a.draft_ahead == "on"
     result |= {"rows": rows, "crossover_batch": cross, "draft_cost": costs}
     result |= {"simulated": a.compare, "crossover_batch_simulated": sim_cross}
     result |= {"target_alpha0.7_k4_batch1_ge_2x": met}

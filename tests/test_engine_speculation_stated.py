@@ -204,14 +204,13 @@ def test_paged_draft_model_proposes_the_dense_references_drafts(model):
         else:
             e.runner.drafter = PagedDraftModelDrafter(other, max_seqs=4, max_len=128)
         got = proposals[name] = []
-        real = e.runner.drafter.propose_batch
+        real = e.runner._verified
 
-        def spy(h, ks, ids, real=real, got=got):  # noqa: ANN001, ANN202
-            out = real(h, ks, ids)
-            got.append([d.tolist() for d in out])
-            return out
+        def spy(ver, commit, real=real, got=got):  # noqa: ANN001, ANN202
+            got.append([d.tolist() for d in ver.drafts])  # as judged (read back by then)
+            return real(ver, commit)
 
-        e.runner.drafter.propose_batch = spy
+        e.runner._verified = spy
         rec = e.run_offline(make_requests())
         assert e.outputs == {
             i: dense_greedy(model, p, n) for i, (p, n) in enumerate(zip(PROMPTS, OUTPUT_LENS))
