@@ -40,6 +40,12 @@ class Drafter:
           host plans the next step) but ``propose_batch`` must still return its drafts of
           the histories it is given (up to the rounding of another batching). Default:
           ignored.
+        * optional ``propose_on_device(histories, ks, request_ids)``: the drafts as an int
+          tensor on the runner's device, ``[max k, >= n]``, column ``i`` holding request
+          ``i``'s ``ks[i]`` drafts (exactly that many, ids in the target's vocabulary, checked
+          once read back), or ``None`` (then ``propose_batch``); the runner stages the
+          verification while they are made and reads them back with its result.
+        * optional ``check_integrity()``: called by the runner's.
         * ``forget(request_id)``: the runner no longer holds the request (finished, aborted,
           or a new run); a drafter with per-request state drops it.
         * Deterministic drafters only: acceptance treats a draft as drawn from a one-hot

@@ -210,6 +210,18 @@ class PagedDraftModelDrafter(Drafter):
         if entry is not None:
             self._free.append(entry[0])
 
+    def check_integrity(self) -> None:
+        """Every slot is free or held by one request, launches in flight name only requests
+        that hold one (or are skipped), and drafts ready to take are of held requests."""
+        held = [slot for slot, _, _ in self._slots.values()]
+        assert len(set(held)) == len(held), "a slot held by two requests"
+        assert sorted(held + self._free) == list(range(self.max_seqs)), "slots lost or doubled"
+        for launch in (self._ahead, *self._issued):
+            if launch is not None:
+                live = set(launch.rids) - launch.skip
+                assert live <= self._slots.keys(), "a launch in flight for a request without a slot"
+        assert self._ready.keys() <= self._slots.keys(), "drafts ready for a request without a slot"
+
     def reset_counters(self) -> None:
         self.num_calls = self.num_steps = self.num_prefill_tokens = self.num_two_token_steps = 0
         self.num_ahead, self.time_s = 0, 0.0
@@ -291,13 +303,14 @@ class PagedDraftModelDrafter(Drafter):
                 if j is not None:
                     ahead.skip.add(rid)  # its slot is caught up afresh below
         parts = [] if ahead is None else [ahead]
+        self._issued += parts  # before the launch below: a slot it takes back is skipped there
         if todo:
             launch = self._launch(
                 [histories[i] for i in todo], todo, ks, request_ids, set(request_ids)
             )
             cols[todo] = np.arange(len(todo)) + (0 if ahead is None else ahead.dev.shape[1])
             parts.append(launch)
-        self._issued += parts
+            self._issued.append(launch)
         self.num_ahead += len(ks) - len(todo)
         self.num_calls += 1
         self.time_s += time.perf_counter() - t0

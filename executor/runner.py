@@ -497,6 +497,9 @@ class ModelRunner:
             assert np.all(self._len[rows] <= self.max_model_len)
         assert all(s.tokens is not None for s in self._seqs.values() if s.row < 0)
         assert self._num_sampled == sum(s.params.needs_sampler for s in self._seqs.values())
+        drafter_check = getattr(self.drafter, "check_integrity", None)
+        if drafter_check is not None:  # a drafter with state (a draft model's slots)
+            drafter_check()
 
     def check_against(self, requests: Sequence[Request], blocks_of: BlocksOf) -> None:
         """With no step in flight, each of ``requests`` (running, per the scheduler) that holds

@@ -109,3 +109,26 @@ def test_a_launch_ahead_that_the_next_plan_does_not_match_is_proposed_afresh(mod
     assert ahead.num_ahead == 2  # request 0 in the first round (1 changed), 1 in the second (0: k)
     for h, x in zip(changed[:1], ahead.propose_batch(changed, [3, 3], [0, 1])):
         assert x.tolist() == dense_greedy(draft, h.tolist(), 3)
+
+
+def test_a_slot_taken_back_while_drafts_are_in_flight_is_not_handed_back(models):
+    """Two slots: drafts launched ahead for requests 0 and 1, then a step of request 2 alone
+    on the device takes back a slot of theirs; the drafter stays consistent after every call
+    and proposes what a drafter without launches ahead proposes."""
+    _, draft = models
+    rng = np.random.default_rng(2)
+    hs = {i: rng.integers(0, 512, n) for i, n in enumerate((12, 20, 16))}
+    ahead = PagedDraftModelDrafter(draft, max_seqs=2, max_len=64)
+    plain = PagedDraftModelDrafter(draft, max_seqs=2, max_len=64, draft_ahead=False)
+    for d in (ahead, plain):
+        d.propose_batch([hs[0], hs[1]], [2, 2], [0, 1])
+    ahead.prefetch([hs[0], hs[1]], [2, 2], [0, 1])
+    ahead.check_integrity()
+    for ids in ((2,), (0, 2), (1, 0)):
+        got = ahead.propose_on_device([hs[i] for i in ids], [2] * len(ids), list(ids))
+        ahead.check_integrity()
+        want = plain.propose_batch([hs[i] for i in ids], [2] * len(ids), list(ids))
+        assert got.T[: len(ids), :2].tolist() == [w.tolist() for w in want]
+    ahead.prefetch([hs[1]], [2], [1])
+    ahead.check_integrity()
+    assert len(ahead._slots) == 2 and not ahead._free
