@@ -2,24 +2,16 @@
 batched decode steps of a smaller decoder (replayed from CUDA graphs on the GPU), so drafting
 costs what a real draft model's decode steps cost.
 
-Each request the drafter serves holds a *slot*: a fixed run of ``ceil(max_len / block_size)``
-blocks of the draft model's KV tensor (slot ``s``'s token at position ``p`` lives at slot
-mapping ``s * max_len_blocks * block_size + p``), and the tokens whose KV it holds. A proposal
-of ``k`` drafts from a history ``h`` (its last token last):
+Each request the drafter serves holds a *slot* of the draft model's KV tensor
+(``executor.draft_forwards``) and the tokens whose KV it holds. A proposal of ``k`` drafts
+from a history ``h`` (its last token last):
 
 1. *catch-up*: the slot's tokens are cut to their common prefix with ``h`` (never all of it:
-   the last token is fed again for its logits). A long remainder (a new request: its whole
-   prompt) is computed by one eager ragged forward, all but its last two tokens. The rest is
-   one token after a rejection, two when every draft was accepted (the last draft and the
-   target's token): one *first forward* of the batch takes each request's last token (a
-   decode step) or, when some request has two, each request's last two (a ragged step of two
-   tokens a request, a request with one re-computing the KV of the token before its last).
-   Its argmax is draft 1.
-2. *drafting*: ``k - 1`` decode steps feed each draft to get the next. Every step runs every
-   verifying request at once (a request with fewer drafts to make rides along as a padding
-   row: slot ``-1``, context 0), padded to a graph bucket, inputs chained on the device; the
-   drafts are read back once.
-
+   the last token is fed again for its logits); a long remainder (a new request: its whole
+   prompt) is prefilled, all but its last two tokens.
+2. *drafting*: the batch's first forward and ``k - 1`` decode steps
+   (``DraftForwards.decode_steps``), every verifying request at once; the drafts are read
+   back once (``propose_batch``) or left on the device (``propose_on_device``).
 3. *drafting ahead* (``prefetch``): the runner launches the next step's proposals as soon as
    a verification's tokens are committed, for the requests that go on with the same ``k``
    (EAGLE's and vLLM's place for drafting: at the end of the step that verified), and the
@@ -31,16 +23,15 @@ of ``k`` drafts from a history ``h`` (its last token last):
    argmax may differ by rounding, as between any two batchings of the same requests.
 
 So a proposal costs ``k`` forwards of the batch, as a draft model in a paged engine takes
-(``num_steps`` counts them, ``num_two_token_steps`` the two-token first forwards, ``time_s``
-times the proposals, ``num_prefill_tokens`` counts the eager prefills' tokens). Drafts are the
-draft model's argmax (a deterministic drafter, as ``executor.verify`` assumes). Histories have
-at least two tokens (a verifying request has emitted one).
+(``num_steps``, ``num_two_token_steps`` and ``num_prefill_tokens`` are the forwards' counts,
+``time_s`` times the proposals). Drafts are the draft model's argmax (a deterministic
+drafter, as ``executor.verify`` assumes). Histories have at least two tokens (a verifying
+request has emitted one).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import time
 from collections.abc import Sequence
 
@@ -48,12 +39,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from executor.attention import PagedAttention
+from executor.draft_forwards import DraftForwards
 from executor.drafter import Drafter
-from executor.kernels import allocate_kv_cache
-from executor.kernels.tiling import decode_num_splits
 from executor.model import CausalLM
-from horizon.step_buckets import GRAPH_BATCH_SIZES, bucket_of, decode_buckets
+from horizon.step_buckets import GRAPH_BATCH_SIZES
 
 
 def draft_model_of(
@@ -76,20 +65,6 @@ def draft_model_of(
     model = CausalLM(config, device=device, dtype=getattr(torch, dtype))
     device_random_weights(model, seed)
     return model.eval()
-
-
-def _forward_of(model, backend: str):  # noqa: ANN001, ANN202 - a CausalLM or DraftHead; a callable
-    """``model``'s forward on ``backend``: a draft head picks its kernels itself, a
-    ``CausalLM`` on Triton runs ``executor.fused``'s."""
-    from executor.draft_head import DraftHead
-
-    if isinstance(model, DraftHead):
-        return functools.partial(model.forward, kernels=backend)
-    if backend == "triton":
-        from executor.fused import FusedForward
-
-        return FusedForward(model)
-    return model
 
 
 @dataclasses.dataclass
@@ -153,49 +128,19 @@ class PagedDraftModelDrafter(Drafter):
         for field, v in (("max_seqs", max_seqs), ("max_len", max_len), ("block_size", block_size)):
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ValueError(f"PagedDraftModelDrafter.{field} must be an int >= 1, got {v!r}")
-        self.model, c = model, model.config
-        self.vocab_size = c.vocab_size
-        self.device = dev = model.embed_tokens.weight.device
-        self.backend = backend or ("triton" if dev.type == "cuda" else "torch")
-        on_triton = dev.type == "cuda" and self.backend == "triton"
-        self.cuda_graphs = on_triton if cuda_graphs is None else cuda_graphs
-        self.max_seqs, self.max_len, self.block_size = max_seqs, max_len, block_size
-        self.slot_blocks = -(-max_len // block_size)
-        kv = allocate_kv_cache(
-            c.num_layers, max_seqs * self.slot_blocks, block_size, c.num_kv_heads, c.head_dim,
-            model.embed_tokens.weight.dtype, dev,
-        )  # fmt: skip
-        self.attention = PagedAttention(kv, c.attention_scale, self.backend)
-        # a draft head (executor.draft_head) prices its fusion layer before a proposal's first
-        # forward and a prefill
-        self._begin = getattr(model, "begin_proposal", None)
-        self._forward = _forward_of(model, self.backend)
-        self.buckets = decode_buckets(max_seqs, graph_batch_sizes)
-        self._init_buffers(self.buckets[-1])
-        self._graphs: dict[tuple[str, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
-        self._pool = None
+        self.model, self.vocab_size = model, model.config.vocab_size
+        self.forwards = DraftForwards(
+            model, max_seqs, max_len, block_size, cuda_graphs, backend, graph_batch_sizes
+        )
+        self.device, self.max_seqs = self.forwards.device, max_seqs
         self._slots: dict[int, tuple[int, np.ndarray, int]] = {}  # rid: slot, tokens, verified
         self._free = list(range(max_seqs - 1, -1, -1))
         self.draft_ahead, self.on_device = bool(draft_ahead), bool(on_device)
         self._ahead: _Launch | None = None  # prefetch's, not yet taken
         self._issued: list[_Launch] = []  # handed over on the device, slots not yet told
         self._ready: dict[int, tuple[np.ndarray, int, np.ndarray]] = {}  # history, k, drafts
-        self.num_ahead = 0
-        self.num_calls = self.num_steps = self.num_prefill_tokens = self.num_two_token_steps = 0
+        self.num_ahead = self.num_calls = 0
         self.time_s = 0.0
-
-    def _init_buffers(self, nb: int) -> None:
-        """The static inputs of the steps' graphs, for up to ``nb`` rows."""
-        dev = self.device
-        self._buf = {
-            n: torch.zeros(nb, dtype=torch.int32, device=dev) for n in ("ids", "pos", "slot", "ctx")
-        }
-        self._bt = torch.zeros((nb, self.slot_blocks), dtype=torch.int32, device=dev)
-        self._pair_buf = {  # the two-token first forward's: ids, pos, slot rows; ctx; cu
-            "tok": torch.zeros((3, 2 * nb), dtype=torch.int32, device=dev),
-            "ctx": torch.full((nb,), 2, dtype=torch.int32, device=dev),
-            "cu": torch.arange(0, 2 * nb + 1, 2, dtype=torch.int32, device=dev),
-        }
 
     # -- requests --------------------------------------------------------------------------------
     def forget(self, request_id: int) -> None:
@@ -223,8 +168,25 @@ class PagedDraftModelDrafter(Drafter):
         assert self._ready.keys() <= self._slots.keys(), "drafts ready for a request without a slot"
 
     def reset_counters(self) -> None:
-        self.num_calls = self.num_steps = self.num_prefill_tokens = self.num_two_token_steps = 0
-        self.num_ahead, self.time_s = 0, 0.0
+        self.forwards.reset_counters()
+        self.num_calls = self.num_ahead = 0
+        self.time_s = 0.0
+
+    @property
+    def num_steps(self) -> int:
+        return self.forwards.num_steps
+
+    @property
+    def num_two_token_steps(self) -> int:
+        return self.forwards.num_two_token_steps
+
+    @property
+    def num_prefill_tokens(self) -> int:
+        return self.forwards.num_prefill_tokens
+
+    def capture_graphs(self, sizes: Sequence[int] | None = None) -> None:
+        """The forwards' graphs of ``sizes`` (default: every bucket) captured now."""
+        self.forwards.capture_graphs(sizes)
 
     def _claim(self, rid: int, history: np.ndarray, busy: set[int]) -> tuple[int, int]:
         """``rid``'s slot and how many of ``history``'s tokens it holds (its tokens cut to
@@ -368,9 +330,12 @@ class PagedDraftModelDrafter(Drafter):
             raise ValueError("PagedDraftModelDrafter: a history of fewer than 2 tokens")
         long = np.flatnonzero(lens - keep > 2)
         if len(long):  # all but the last two tokens of long remainders: one ragged forward
-            self._prefill([hs[j][keep[j] : lens[j] - 2] for j in long], slots[long], keep[long])
+            chunks = [hs[j][keep[j] : lens[j] - 2] for j in long]
+            self.forwards.prefill(chunks, slots[long], keep[long])
             keep[long] = lens[long] - 2
-        return _Launch(hs, rids, k, slots, lens, self._decode_steps(hs, slots, keep, lens, k))
+        return _Launch(
+            hs, rids, k, slots, lens, self.forwards.decode_steps(hs, slots, keep, lens, k)
+        )
 
     def _commit(self, launch: _Launch) -> list[np.ndarray]:
         """Read a launch's drafts back; each slot (but those ``skip``ped: caught up again
@@ -385,161 +350,3 @@ class PagedDraftModelDrafter(Drafter):
                 self._slots[rid] = (int(launch.slots[j]), fed, int(launch.lens[j]))
             out.append(d)
         return out
-
-    def _prefill(self, chunks: list[np.ndarray], slots: np.ndarray, starts: np.ndarray) -> None:
-        """KV of each ``chunks[j]`` at positions ``starts[j]..`` of slot ``slots[j]`` (eager)."""
-        q = np.array([len(c) for c in chunks], dtype=np.int64)
-        pos = np.repeat(starts, q) + np.arange(int(q.sum())) - np.repeat(np.cumsum(q) - q, q)
-        span = self.slot_blocks * self.block_size
-        dev, i32 = self.device, torch.int32
-
-        def t(a: np.ndarray) -> torch.Tensor:
-            return torch.from_numpy(np.ascontiguousarray(a)).to(
-                device=dev, dtype=i32, non_blocking=True
-            )
-
-        cu = np.concatenate([[0], np.cumsum(q)])
-        self.attention.set_step(
-            t(np.repeat(slots, q) * span + pos), t(self._tables(slots)), t(starts + q), t(cu)
-        )
-        if self._begin is not None:
-            self._begin(int(q.sum()))
-        self._forward(t(np.concatenate(chunks)), t(pos), self.attention)
-        self.num_prefill_tokens += int(q.sum())
-
-    def _tables(self, slots: np.ndarray) -> np.ndarray:
-        return slots[:, None] * self.slot_blocks + np.arange(self.slot_blocks)[None, :]
-
-    def _decode_steps(self, hs, slots, keep, lens, k) -> torch.Tensor:  # noqa: ANN001
-        """``[max k, bucket]`` drafts on the device (row ``j``'s in column ``j``): a first
-        forward of each row's last token (one decode step) or, when some row has two tokens to
-        catch up, of each row's last two tokens (one ragged step of two tokens a row: a row
-        with one re-computes the KV of the token before its last, which its slot holds
-        already); then ``max k - 1`` decode steps, step ``s`` feeding row ``j`` its draft
-        ``s`` at position ``lens[j] - 1 + s``."""
-        n, kmax = len(hs), int(k.max())
-        b = bucket_of(n, self.buckets) if self.cuda_graphs else n
-        span = self.slot_blocks * self.block_size
-        s = np.arange(kmax)[None, :]
-        pos = lens[:, None] - 1 + s
-        active = s < k[:, None]
-        meta = np.zeros((4, kmax, b), dtype=np.int32)  # ids, pos, slot, ctx per step and row
-        meta[0, 0, :n] = [h[-1] for h in hs]
-        meta[1, :, :n] = np.where(active, pos, 0).T
-        meta[2, :, :n] = np.where(active, slots[:, None] * span + pos, -1).T
-        meta[2, :, n:] = -1
-        meta[3, :, :n] = np.where(active, pos + 1, 0).T
-        tables = np.zeros((b, self.slot_blocks), dtype=np.int32)
-        tables[:n] = self._tables(slots)
-        self._bt[:b].copy_(torch.from_numpy(tables), non_blocking=True)
-        meta_dev = torch.from_numpy(meta).to(self.device, non_blocking=True)
-        drafts = torch.empty((kmax, b), dtype=torch.int32, device=self.device)
-        buf = self._buf
-        pair = int((lens - keep).max()) > 1
-        if self._begin is not None:
-            self._begin(2 * b if pair else b)
-        if pair:
-            tokens = self._pair_step(hs, slots, lens, b)
-            self.num_two_token_steps += 1
-        else:
-            buf["ids"][:b].copy_(meta_dev[0, 0])
-        for st in range(kmax):
-            if st:
-                buf["ids"][:b].copy_(tokens)
-            if st or not pair:
-                for i, name in enumerate(("pos", "slot", "ctx"), start=1):
-                    buf[name][:b].copy_(meta_dev[i, st])
-                tokens = self._step(b)
-            drafts[st].copy_(tokens)
-        self.num_steps += kmax
-        return drafts
-
-    def _pair_step(self, hs, slots, lens, b: int) -> torch.Tensor:  # noqa: ANN001
-        """The first forward of two tokens a row (positions ``lens - 2``, ``lens - 1``); padding
-        rows: slots -1, context 2 over block 0 (read, never written). Each row's argmax."""
-        n, span = len(hs), self.slot_blocks * self.block_size
-        meta = np.zeros((3, 2 * b), dtype=np.int32)  # ids, pos, slot per token
-        pos = np.stack([lens - 2, lens - 1], axis=1).reshape(-1)
-        meta[0, : 2 * n] = np.concatenate([h[-2:] for h in hs])
-        meta[1, : 2 * n] = pos
-        meta[2, : 2 * n] = np.repeat(slots, 2) * span + pos
-        meta[2, 2 * n :] = -1
-        ctx = np.full(b, 2, dtype=np.int32)
-        ctx[:n] = lens
-        p = self._pair_buf
-        p["tok"][:, : 2 * b].copy_(torch.from_numpy(meta), non_blocking=True)
-        p["ctx"][:b].copy_(torch.from_numpy(ctx), non_blocking=True)
-        return self._run(("pair", b))
-
-    # -- decode steps and their graphs ------------------------------------------------------------
-    def _decode_forward(self, b: int) -> torch.Tensor:
-        """One decode step of ``b`` rows on the static buffers: each row's argmax (int32)."""
-        buf, att = self._buf, self.attention
-        splits = decode_num_splits(b, att.num_kv_heads, self.max_len, self.device)
-        att.set_step(buf["slot"][:b], self._bt[:b], buf["ctx"][:b], None, splits)
-        hidden = self._forward(buf["ids"][:b], buf["pos"][:b], att)
-        return self.model.greedy_tokens(hidden)
-
-    def _pair_forward(self, b: int) -> torch.Tensor:
-        """The two-token first forward of ``b`` rows on its static buffers: the argmax of
-        each row's second token."""
-        p, att = self._pair_buf, self.attention
-        tok = p["tok"]
-        att.set_step(tok[2, : 2 * b], self._bt[:b], p["ctx"][:b], p["cu"][: b + 1])
-        hidden = self._forward(tok[0, : 2 * b], tok[1, : 2 * b], att)
-        return self.model.greedy_tokens(hidden, slice(1, None, 2))
-
-    def _step(self, b: int) -> torch.Tensor:
-        return self._run(("decode", b))
-
-    def _run(self, key: tuple[str, int]) -> torch.Tensor:
-        """A decode step (``("decode", b)``) or a first forward of two tokens a row
-        (``("pair", b)``), replayed from its graph (captured on first use) or eager."""
-        kind, b = key
-        if not self.cuda_graphs:
-            return self._decode_forward(b) if kind == "decode" else self._pair_forward(b)
-        if key not in self._graphs:  # captured mid-proposal: the step's inputs kept across
-            live = self._live_inputs()
-            saved = [t.clone() for t in live]
-            self._capture(key)
-            for t, s in zip(live, saved):
-                t.copy_(s)
-        graph, tokens = self._graphs[key]
-        graph.replay()
-        return tokens
-
-    def _live_inputs(self) -> list[torch.Tensor]:
-        """The tensors a step's graph reads that hold the step's inputs (a capture overwrites
-        them with padding rows): the static buffers and the model's ``graph_state()``."""
-        state = getattr(self.model, "graph_state", None)
-        extra = state() if state is not None else []
-        return [*self._buf.values(), *self._pair_buf.values(), self._bt, *extra]
-
-    @torch.no_grad()
-    def capture_graphs(self, sizes: Sequence[int] | None = None) -> None:
-        """Capture the decode and two-token graphs of ``sizes`` (default: every bucket),
-        largest first; else each is captured on first use."""
-        if self.cuda_graphs:
-            for b in sorted(sizes or self.buckets, reverse=True):
-                for kind in ("decode", "pair"):
-                    if (kind, b) not in self._graphs:
-                        self._capture((kind, b))
-
-    def _capture(self, key: tuple[str, int]) -> None:
-        """Capture on padding rows (slot -1: no KV written; context 0, or 2 over block 0 for a
-        two-token forward); a step's inputs are later copied into the same buffers."""
-        kind, b = key
-        self._buf["slot"][:b].fill_(-1)
-        self._buf["ctx"][:b].zero_()
-        self._pair_buf["tok"][2].fill_(-1)
-        self._pair_buf["ctx"].fill_(2)
-        forward = self._decode_forward if kind == "decode" else self._pair_forward
-        forward(b)  # compiles the kernels outside the capture
-        torch.cuda.synchronize(self.device)
-        if self._pool is None:
-            self._pool = torch.cuda.graph_pool_handle()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
-            tokens = forward(b)
-        torch.cuda.synchronize(self.device)
-        self._graphs[key] = (graph, tokens)
