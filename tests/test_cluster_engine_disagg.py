@@ -148,12 +148,14 @@ def test_manifest_keeps_roles_and_the_decode_router(tmp_path):
 
 
 def test_a_run_cut_at_max_time_ends_and_the_cluster_runs_again(pd):
-    """Cut while the decode pools are full (30 + 60 tokens a request, 23 blocks: 3 at a time
-    on the two decode replicas): the run ends with handoffs still pending (never placed: their
-    prefill rows alone, unfinished), transfers in flight done, the records whole, and the next
-    run on the same workers complete."""
+    """Cut while the decode replicas are full (4 requests each, 30 + 94 tokens a request:
+    placing all 20 takes more decode steps than a 0.2 s cut holds; 11-12 placed of 17-19
+    handed off on this project's machine at its fastest, where 60-token outputs placed 17-20
+    of 20): the run ends with handoffs still pending (never placed: their prefill rows alone,
+    unfinished), transfers in flight done, the records whole, and the next run on the same
+    workers complete."""
     rng = np.random.default_rng(0)
-    reqs = [Request(i, 0.01 * i, 30, 60, 60, prompt_token_ids=tuple(rng.integers(0, 512, 30)
+    reqs = [Request(i, 0.01 * i, 30, 94, 94, prompt_token_ids=tuple(rng.integers(0, 512, 30)
                     .tolist())) for i in range(20)]  # fmt: skip
     rec = pd.run(reqs, (), make_router("round_robin"), "fcfs", max_time=0.2,
                  decode_router=make_router("least_kv"), check_every=1)  # fmt: skip
