@@ -225,7 +225,7 @@ class PagedDraftModelDrafter(Drafter):
         todo = []
         for i in live:  # drafts launched ahead for this very history and k: taken as they are
             got = ready.get(request_ids[i])
-            if got is not None and got[1] == ks[i] and np.array_equal(got[0], histories[i]):
+            if got is not None and _same(got[0], got[1], histories[i], ks[i]):
                 out[i] = got[2]
                 self.num_ahead += 1
             else:
@@ -258,7 +258,7 @@ class PagedDraftModelDrafter(Drafter):
         where = {} if ahead is None else {rid: j for j, rid in enumerate(ahead.rids)}
         for i, rid in enumerate(request_ids):
             j = where.get(rid)
-            if j is not None and ahead.k[j] == ks[i] and np.array_equal(ahead.hs[j], histories[i]):
+            if j is not None and _same(ahead.hs[j], ahead.k[j], histories[i], ks[i]):
                 cols[i] = j
             else:
                 todo.append(i)
@@ -350,3 +350,8 @@ class PagedDraftModelDrafter(Drafter):
                 self._slots[rid] = (int(launch.slots[j]), fed, int(launch.lens[j]))
             out.append(d)
         return out
+
+
+def _same(history: np.ndarray, k: int, want: np.ndarray, want_k: int) -> bool:
+    """Drafts launched for ``history`` and ``k`` answer a proposal for ``want`` and ``want_k``."""
+    return k == want_k and np.array_equal(history, want)

@@ -623,11 +623,7 @@ class ModelRunner:
         bucket = shape[0]
         staged = self._prepare(plan, blocks_of, shape, ver)
         emitters, rids, rows_e, num_tokens, num_seqs = staged
-        self._s.upload()
-        self._apply_updates()
-        self._restore_stale()
-        if ver is not None and ver.dev is not None:
-            self._place_drafts(ver)
+        self._upload(ver)
         m = len(emitters)
         logits, tokens, logits_all, judged = self._forward_step(
             shape, nd, num_tokens, num_seqs, m, all_logits, ver
@@ -643,6 +639,15 @@ class ModelRunner:
             self._read_verification(ver, judged)
             step.verify = ver
         return step
+
+    def _upload(self, ver: _Verifies | None) -> None:
+        """Send the staged step to the device: the staging buffer, the block tables' new
+        entries, the last tokens the host rewrote, and drafts made on the device into place."""
+        self._s.upload()
+        self._apply_updates()
+        self._restore_stale()
+        if ver is not None and ver.dev is not None:
+            self._place_drafts(ver)
 
     def _preempt(self, preempted: Sequence[Request]) -> None:
         """Give back the rows of the plan's preempted requests (their histories are kept)."""
