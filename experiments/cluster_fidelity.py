@@ -204,7 +204,7 @@ def fit_cost_models(table: Path, n: int, workloads: list[str]) -> dict:
 
 
 def steps_file(n: int, workload: str) -> str:
-    return f"steps_n{n}_{workload}.csv.gz"
+    return f"steps_n{n}_{workload}.csv.xz"
 
 
 def simulate_case(key: CaseKey, cost_model, tokenized, device: str | None = None):  # noqa: ANN001, ANN201
@@ -514,7 +514,7 @@ META = ("gpu", "date", "commit", "torch", "triton", "wall_s", "route_lag")
 
 def tabulate(engine_root: Path, out: Path) -> Path:
     """The engine's cases under ``engine_root/n<N>/<case>/`` as one sweep's tables in ``out``:
-    ``steps_n<N>_<workload>.csv.gz`` (every replica's step rows, the calibration format) and
+    ``steps_n<N>_<workload>.csv.xz`` (every replica's step rows, the calibration format) and
     ``engine_cases.json`` (each case's figures, its workload's fingerprint and its meta)."""
     from simulator.engine_cost_model import rows_of, write_steps
 

@@ -66,6 +66,7 @@ import functools
 import gzip
 import io
 import json
+import lzma
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
@@ -437,8 +438,9 @@ def mape(model, rows: np.ndarray) -> dict:  # noqa: ANN001 - anything with predi
 
 
 def write_steps(rows: np.ndarray, path: str | Path, meta: dict) -> None:
-    """A calibration file: ``STEP_COLUMNS`` rows as CSV (gzipped if ``path`` ends in .gz) and
-    ``meta`` as the sidecar JSON (``path`` without .gz/.csv, + .json)."""
+    """A calibration file: ``STEP_COLUMNS`` rows as CSV (gzipped if ``path`` ends in .gz,
+    xz-compressed if in .xz: about a third smaller) and ``meta`` as the sidecar JSON (``path``
+    without .gz/.xz/.csv, + .json)."""
     p = Path(path)
     buf = io.StringIO()
     buf.write(",".join(STEP_COLUMNS) + "\n")
@@ -450,6 +452,8 @@ def write_steps(rows: np.ndarray, path: str | Path, meta: dict) -> None:
         with gzip.GzipFile("", "wb", fileobj=out, mtime=0) as f:
             f.write(data)  # no name, mtime 0: the same rows give the same bytes
         data = out.getvalue()
+    elif p.suffix == ".xz":  # no timestamps in the format: the same rows give the same bytes
+        data = lzma.compress(data, preset=9 | lzma.PRESET_EXTREME)
     p.parent.mkdir(parents=True, exist_ok=True)
     # written whole, then renamed: a simulation reading the file never sees half of it
     tmp = p.with_name(p.name + ".tmp")
@@ -465,7 +469,11 @@ def read_steps(path: str | Path) -> tuple[np.ndarray, dict]:
             f"calibration file {path} does not exist: measure this shape's steps on the engine "
             "(python -m experiments.fidelity), or use the roofline cost model (backend=sim)"
         )
-    raw = gzip.decompress(p.read_bytes()) if p.suffix == ".gz" else p.read_bytes()
+    raw = p.read_bytes()
+    if p.suffix == ".gz":
+        raw = gzip.decompress(raw)
+    elif p.suffix == ".xz":
+        raw = lzma.decompress(raw)
     lines = raw.decode().splitlines()
     header = tuple(lines[0].split(","))
     if header != STEP_COLUMNS:
@@ -477,7 +485,7 @@ def read_steps(path: str | Path) -> tuple[np.ndarray, dict]:
 
 
 def _sidecar(p: Path) -> Path:
-    name = p.name.removesuffix(".gz").removesuffix(".csv")
+    name = p.name.removesuffix(".gz").removesuffix(".xz").removesuffix(".csv")
     return p.with_name(name + ".json")
 
 
