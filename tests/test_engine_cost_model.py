@@ -147,7 +147,7 @@ def test_step_time_of_a_plan_equals_the_row_prediction():
     assert report["decode_only_us"]["refreshed"] > 0
 
 
-@pytest.mark.parametrize("suffix", [".csv", ".csv.gz"])
+@pytest.mark.parametrize("suffix", [".csv", ".csv.gz", ".csv.xz"])
 def test_calibration_file_round_trip(tmp_path, suffix):
     rows = _synthetic(300, 3)
     path = tmp_path / f"cal{suffix}"
