@@ -68,6 +68,11 @@ class SimBackend:
         self._wake_delay = getattr(self.cost_model, "wake_delay", None)
         # pipelined: the latest non-empty step's end (a step starts at max(now, this))
         self._last_end: float | None = None
+        self._late = device is not None and device.late_ends
+        if self._late and not pipelined:
+            raise ValueError(
+                f"SimBackend: device {device.name!r} (sharing='quantum') needs the pipelined loop"
+            )
 
     def execute(self, plan: StepPlan) -> StepResult:
         if plan.verifies or self._drawn is not None:
@@ -127,6 +132,8 @@ class SimBackend:
             finished = self._stop.finished(plan)
             result = new_result(self.cost_model.step_time(plan), tuple(finished))
         now = clock.now()
+        if self._late:  # the device's turns say when it ends
+            return self._submit_late(plan, result)
         last = self._last_end
         start = last if last is not None and last > now else now  # max(now, last)
         if self.device is None:
@@ -137,9 +144,28 @@ class SimBackend:
         self._last_end = None if plan.is_empty else end
         return InFlight(plan, result, end, False)
 
+    def _submit_late(self, plan: StepPlan, result: StepResult) -> InFlight:
+        """A step on a device whose turns are simulated as they run: queued there, its end
+        set when the device's event for it succeeds (``wait`` returns that event)."""
+        assert self.device is not None
+        event = self.device.submit(id(self), 0.0 if plan.is_empty else result.duration)
+        step = InFlight(plan, result, None, True, event)
+        if event.triggered:
+            step.end = event.value
+        else:
+            event.callbacks.append(lambda ev: setattr(step, "end", ev.value))
+        return step
+
     def wait(self, step: InFlight) -> Any:
-        assert self.clock is not None and step.end is not None
+        if step.end is None:  # a late end: the device's event (end set when it succeeds)
+            return step.token
+        assert self.clock is not None
         return self.clock.until(step.end) if step.end > self.clock.now() else None
+
+    def when_over(self, waitable: Any, callback: Any) -> None:
+        """Call ``callback()`` once ``waitable`` (a late end's event, from ``wait``) is over
+        and the step's end is set."""
+        waitable.callbacks.append(lambda _ev: callback())
 
     def check_integrity(self) -> None:
         """Stateless between steps but for the shared device's bookings and the cost model's

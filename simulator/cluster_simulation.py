@@ -122,7 +122,7 @@ class ClusterSimulation:
         if autoscaler is not None:
             self.autoscale = Autoscaling(env, self.cluster, autoscaler, autoscale)
         names = sorted({s.device for s in replicas if s.device is not None})
-        self.devices = {d: SharedDevice(d) for d in names}
+        self.devices = {d: SharedDevice(d, env) for d in names}
         self.backends = [self._backend(s, r, pipelined) for s, r in zip(replicas, reps)]
         self._open_loop_done = False
 

@@ -1,6 +1,6 @@
 """How co-located replicas share one GPU: the device's sharing rule and its fitted time slices.
 
-Two rules, chosen by ``DeviceSpec.sharing`` (``ReplicaSetup.device`` takes a spec or a name):
+Three rules, chosen by ``DeviceSpec.sharing`` (``ReplicaSetup.device`` takes a spec or a name):
 
 * ``fcfs``: steps serialized first come, first served at step granularity (no parameter;
   ``simulator.shared_device``).
@@ -9,6 +9,8 @@ Two rules, chosen by ``DeviceSpec.sharing`` (``ReplicaSetup.device`` takes a spe
   steps: 1; steps with prefill chunks: ``max(1, ceil(w . x))``, ``x`` its ``SLICE_TERMS``), and
   before each of its slices every other replica with a step in flight runs one slice of its
   own: the step ends at ``t + d + n * sum_j d_j / n_j`` over those other steps ``j``.
+* ``quantum``: the device's turns simulated as they run, round robin with a time slice
+  (``simulator.quantum_device``); a step's end is known when it is over.
 
 Why this rule (measured on the engine's co-located runs: 2 and 4 Qwen2.5-0.5B processes on one
 H200, no MPS, 432,000 steps with a neighbour busy; ``results/cluster_fidelity/
@@ -54,7 +56,7 @@ from pathlib import Path
 
 from horizon.plan import StepPlan
 
-SHARING_RULES = ("fcfs", "timeslice")
+SHARING_RULES = ("fcfs", "timeslice", "quantum")
 FIT_FILE = (
     Path(__file__).resolve().parents[1] / "results" / "cluster_fidelity" / "device_sharing_fit.json"
 )
@@ -154,11 +156,15 @@ class SliceCounts:
 class DeviceSpec:
     """A shared GPU: its name (replicas naming the same spec share it) and its sharing rule;
     ``timeslice`` takes ``fit``: a ``SliceFit`` or ``SliceCounts`` (None:
-    ``SliceFit.from_file()``, read when the device is made)."""
+    ``SliceFit.from_file()``, read when the device is made); ``quantum``
+    (``simulator.quantum_device``) takes its time slice ``quantum_s`` and the cost of a
+    switch between contexts ``switch_s`` (seconds)."""
 
     name: str
     sharing: str = "fcfs"
     fit: SliceFit | SliceCounts | None = None
+    quantum_s: float | None = None
+    switch_s: float = 0.0
 
     def __post_init__(self) -> None:
         if not (isinstance(self.name, str) and self.name):
@@ -169,6 +175,15 @@ class DeviceSpec:
             raise ValueError(f"DeviceSpec.fit must be a SliceFit or SliceCounts, got {self.fit!r}")
         if self.fit is not None and self.sharing != "timeslice":
             raise ValueError(f"DeviceSpec.fit is for sharing='timeslice', not {self.sharing!r}")
+        quantum = self.sharing == "quantum"
+        if quantum != (self.quantum_s is not None):
+            raise ValueError("DeviceSpec.quantum_s goes with sharing='quantum', and only there")
+        if quantum and not (isinstance(self.quantum_s, (int, float)) and self.quantum_s > 0):
+            raise ValueError(f"DeviceSpec.quantum_s must be > 0 seconds, got {self.quantum_s!r}")
+        if not (isinstance(self.switch_s, (int, float)) and 0 <= self.switch_s < math.inf):
+            raise ValueError(f"DeviceSpec.switch_s must be >= 0 seconds, got {self.switch_s!r}")
+        if self.switch_s and not quantum:
+            raise ValueError(f"DeviceSpec.switch_s is for sharing='quantum', not {self.sharing!r}")
 
 
 class TimeSlices:

@@ -14,6 +14,10 @@ than the device's last booked end or the present), so first come is first served
 ``timeslice``: steps overlap, and before each of a step's time slices every other replica with
 a step in flight runs one slice of its own (fitted to the co-located engine's steps;
 ``simulator.device_sharing``).
+
+``quantum``: the device's turns are simulated as they run (``simulator.quantum_device``):
+``submit`` queues a step and returns an event for its end (``late_ends``), as the engine
+learns a step's end only when it is over.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import math
 
 from horizon.plan import StepPlan
 from simulator.device_sharing import DeviceSpec, SliceFit, TimeSlices
+from simulator.quantum_device import QuantumDevice
 
 
 class SharedDevice:
@@ -34,20 +39,40 @@ class SharedDevice:
           submission, ``t`` if not given; ``owner``: the replica booking, never slowed by its
           own steps).
         * ``free_at`` (the latest booked end) never decreases; under ``fcfs`` booked time never
-          exceeds it. ``waited_s``: the steps' time beyond their own (waiting or stretched).
+          exceeds it. ``waited_s``: the steps' time beyond their own (waiting or stretched;
+          ``fcfs`` and ``timeslice``: a ``quantum`` device's steps are ``submit``-ted, and
+          ``turns`` holds that device's own accounts).
     """
 
-    def __init__(self, name: str | DeviceSpec = "gpu0") -> None:
+    def __init__(self, name: str | DeviceSpec = "gpu0", env=None) -> None:  # noqa: ANN001
         spec = name if isinstance(name, DeviceSpec) else DeviceSpec(name)
         self.spec = spec
         self.name = spec.name
         self._flight: TimeSlices | None = None
+        self.turns: QuantumDevice | None = None  # the ``quantum`` rule's device
         if spec.sharing == "timeslice":
             self._flight = TimeSlices(spec.fit or SliceFit.from_file())
+        elif spec.sharing == "quantum":
+            if env is None:
+                raise ValueError(f"SharedDevice {spec.name!r}: sharing='quantum' needs the env")
+            assert spec.quantum_s is not None
+            self.turns = QuantumDevice(env, spec.quantum_s, spec.switch_s)
         self.free_at = 0.0
         self.busy_s = 0.0  # step time booked (each step's time alone)
         self.waited_s = 0.0  # steps' waiting for the device (fcfs) or for neighbours' slices
         self.steps = 0
+
+    @property
+    def late_ends(self) -> bool:
+        """A step's end is known when it is over (``submit``), not when booked (``reserve``)."""
+        return self.turns is not None
+
+    def submit(self, owner: object, duration: float):  # noqa: ANN201 - a simpy.Event
+        """``quantum``: queue a step of ``owner``'s; an event that succeeds with its end."""
+        assert self.turns is not None, "submit is the quantum rule's; reserve books the others"
+        self.busy_s += max(duration, 0.0)
+        self.steps += 1
+        return self.turns.submit(owner, duration)
 
     def reserve(
         self,
@@ -59,6 +84,7 @@ class SharedDevice:
     ) -> float:
         if duration <= 0:
             return t
+        assert self.turns is None, "the quantum rule's steps are submitted, not reserved"
         if self._flight is not None:
             end = self._flight.book(t, duration, plan, t if now is None else now, owner)
             start = end - duration  # the neighbours' slices count as waiting
@@ -74,7 +100,9 @@ class SharedDevice:
     def check_integrity(self) -> None:
         assert self.busy_s >= 0 and self.waited_s >= 0, "negative device time"
         assert math.isfinite(self.free_at), "device booked to no end"
-        if self._flight is None:
+        if self.turns is not None:
+            self.turns.check_integrity()
+        elif self._flight is None:
             assert self.free_at >= self.busy_s - 1e-9 * max(1, self.steps), "device overbooked"
         else:
             self._flight.check_integrity()

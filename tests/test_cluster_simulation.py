@@ -92,6 +92,19 @@ def _sessions(n: int, turns: int, think: float):  # noqa: ANN202
     return out
 
 
+def assert_turns_follow_replies(rec, sessions, think: float) -> None:  # noqa: ANN001
+    """Every request finished, and each later turn arrived ``think`` after its previous
+    turn's last token."""
+    rec.check()
+    merged = rec.merged()
+    n = sum(len(s.requests) for s in sessions)
+    assert np.all(merged.status == STATUS_FINISHED) and merged.num_requests == n
+    last = {rid: merged.tokens_of(rid)[-1] for rid in range(n)}
+    for s in sessions:
+        for a, b in zip(s.requests, s.requests[1:]):
+            assert merged.arrival_time[b.request_id] == pytest.approx(last[a.request_id] + think)
+
+
 def test_closed_loop_sessions_wait_for_the_previous_reply_and_think():
     sessions = _sessions(6, 4, think=0.5)
     rec = ClusterSimulation(
@@ -102,13 +115,8 @@ def test_closed_loop_sessions_wait_for_the_previous_reply_and_think():
         pipelined=True,
         arrivals_at_step_boundaries=True,
     ).run()
-    rec.check()
-    merged = rec.merged()
-    assert np.all(merged.status == STATUS_FINISHED) and merged.num_requests == 24
-    last = {rid: merged.tokens_of(rid)[-1] for rid in range(24)}
+    assert_turns_follow_replies(rec, sessions, 0.5)
     for s in sessions:
-        for a, b in zip(s.requests, s.requests[1:]):
-            assert merged.arrival_time[b.request_id] == pytest.approx(last[a.request_id] + 0.5)
         homes = {int(rec.assignment[r.request_id]) for r in s.requests}
         assert len(homes) == 1  # sticky: the conversation stays where its cache is
     assert prefix_hit_rate(rec) > 0.4  # later turns reuse their history's blocks

@@ -83,7 +83,7 @@ def test_slices_of_a_plan():
 
 def test_specs_refuse_what_they_cannot_do():
     with pytest.raises(ValueError, match="DeviceSpec.sharing"):
-        DeviceSpec("gpu0", "quantum")
+        DeviceSpec("gpu0", "mps")
     with pytest.raises(ValueError, match="DeviceSpec.fit"):
         DeviceSpec("gpu0", "fcfs", FIT)
     with pytest.raises(ValueError, match="DeviceSpec.name"):

@@ -3,7 +3,9 @@
 It wraps any ``horizon.serving_loop.Backend`` and changes nothing about how steps run. A step's
 end is known at ``execute`` (a modelled duration on an advancing clock, or a real step that is
 over), at ``submit`` when the backend models it (the pipelined simulator), or else at ``wait``
-(the pipelined engine). ``on_step(plan, result, end)`` is then called once per step.
+(the pipelined engine), or once the waitable ``wait`` returns is over (the simulator on a
+device whose turns it simulates: the backend's ``when_over``). ``on_step(plan, result, end)``
+is then called once per step.
 """
 
 from __future__ import annotations
@@ -50,8 +52,15 @@ class ObservedBackend:
     def wait(self, step: InFlight) -> Any:
         known = step.end is not None
         waitable = self.inner.wait(step)
-        if not known:
-            assert step.end is not None, "a backend's wait() must set the step's end"
+        if known:
+            return waitable
+        if step.end is None:  # known once the waitable is over (a simulated shared device's)
+            when_over = getattr(self.inner, "when_over", None)
+            assert when_over is not None and waitable is not None, (
+                "a backend's wait() must set the step's end or say when it will be set"
+            )
+            when_over(waitable, lambda: self.on_step(step.plan, step.result, step.end))
+        else:
             self.on_step(step.plan, step.result, step.end)
         return waitable
 

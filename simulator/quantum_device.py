@@ -1,0 +1,136 @@
+"""One GPU time-sliced between contexts round robin, simulated as it runs: the ``quantum`` rule.
+
+Processes that share a GPU without MPS get the device in turns: the driver runs one context's
+kernels at a time and switches to the next context with work when the running one's time
+slice (``quantum_s``) is used up or when it has nothing queued. This rule simulates that
+directly, event by event, instead of pricing a step when it is submitted:
+
+* each replica (owner) has a FIFO of submitted steps, each with its own time alone (its cost
+  model's price); the device serves the owner at the head of its turn for at most
+  ``quantum_s`` of work, then the next owner in round-robin order that has work;
+* a context gives up its turn when a step of it ends (``yield_at_step_end``: the step's
+  token copy leaves the compute engine idle for that context, and a waiting context is
+  switched in), or when its queue is empty;
+* a switch between owners costs ``switch_s`` of device time;
+* a step ends when it has had its own time on the device, so a step in flight is stretched by
+  every neighbour that gets turns meanwhile, including neighbours that submit after it.
+
+So a step's end is known only when it is over (``submit`` returns an event), unlike the
+``fcfs`` and ``timeslice`` rules, which book an end at submission. Alone, a step takes
+exactly its own time. Deterministic: the same submissions at the same times give the same
+ends (ties between owners go round robin in the order owners first submitted).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+
+import simpy
+
+
+class QuantumDevice:
+    """The device's turns (see the module docstring); a SimPy process runs them.
+
+    Contracts:
+        * ``submit(owner, duration)`` queues a step and returns a SimPy event that succeeds
+          with the step's end time (``>= now + duration``; ``duration <= 0``: at once, now).
+        * An owner's steps run in submission order; the device is never idle while a step is
+          queued, and never serves two owners at once.
+        * ``busy_s`` (own time served) + ``switch_total_s`` <= the time the device had work.
+    """
+
+    def __init__(
+        self,
+        env: simpy.Environment,
+        quantum_s: float,
+        switch_s: float = 0.0,
+        yield_at_step_end: bool = True,
+    ) -> None:
+        if not (isinstance(quantum_s, (int, float)) and quantum_s > 0 and math.isfinite(quantum_s)):
+            raise ValueError(f"QuantumDevice.quantum_s must be > 0 seconds, got {quantum_s!r}")
+        if not (isinstance(switch_s, (int, float)) and 0 <= switch_s < math.inf):
+            raise ValueError(f"QuantumDevice.switch_s must be >= 0, got {switch_s!r}")
+        self.env = env
+        self.quantum_s = float(quantum_s)
+        self.switch_s = float(switch_s)
+        self.yield_at_step_end = yield_at_step_end
+        self._queues: dict[object, deque[list]] = {}  # owner -> [[left, own, event], ...]
+        self._order: list[object] = []  # owners in order of first submission
+        self._wake: simpy.Event | None = None
+        self.busy_s = 0.0
+        self.switch_total_s = 0.0
+        self.switches = 0
+        self.steps = 0
+        self.slices = 0
+        env.process(self._run())
+
+    def submit(self, owner: object, duration: float) -> simpy.Event:
+        event = self.env.event()
+        if duration <= 0:
+            return event.succeed(self.env.now)
+        q = self._queues.get(owner)
+        if q is None:
+            q = self._queues[owner] = deque()
+            self._order.append(owner)
+        q.append([float(duration), float(duration), event])
+        self.steps += 1
+        if self._wake is not None:
+            wake, self._wake = self._wake, None
+            wake.succeed()
+        return event
+
+    @property
+    def queued(self) -> int:
+        return sum(len(q) for q in self._queues.values())
+
+    def _next_owner(self, after: int) -> int | None:
+        """Index in ``_order`` of the first owner after ``after`` (cyclically, itself last)
+        with work; None if none has."""
+        order, queues, n = self._order, self._queues, len(self._order)
+        for i in range(1, n + 1):
+            j = (after + i) % n
+            if queues[order[j]]:
+                return j
+        return None
+
+    def _run(self):  # noqa: ANN202 - a SimPy process
+        env, current = self.env, -1
+        while True:
+            j = self._next_owner(current)
+            if j is None:
+                self._wake = env.event()
+                yield self._wake
+                continue
+            if current >= 0 and j != current and self.switch_s > 0:
+                yield env.timeout(self.switch_s)
+                self.switches += 1
+                self.switch_total_s += self.switch_s
+            current = j
+            yield from self._turn(self._queues[self._order[j]])
+
+    def _turn(self, queue: deque[list]):  # noqa: ANN202
+        """Serve one owner's queue for one time slice (or to its first step's end)."""
+        env, left = self.env, self.quantum_s
+        self.slices += 1
+        while queue and left > 0:
+            step = queue[0]
+            run = min(left, step[0])
+            yield env.timeout(run)
+            self.busy_s += run
+            left -= run
+            step[0] -= run
+            if step[0] <= 1e-12:
+                queue.popleft()
+                step[2].succeed(env.now)
+                if self.yield_at_step_end:
+                    return
+
+    def check_integrity(self) -> None:
+        assert set(self._order) == set(self._queues), "an owner without a queue"
+        for q in self._queues.values():
+            for left, own, event in q:
+                assert 0 < left <= own + 1e-12, "a queued step's work out of range"
+                assert not event.triggered, "a queued step already over"
+        assert self.busy_s >= 0 and self.switch_total_s >= 0, "negative device time"
+        assert self.busy_s + self.switch_total_s <= self.env.now + 1e-9, "device overbooked"
