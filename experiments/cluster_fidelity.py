@@ -27,8 +27,10 @@ fitted to the co-located steps' timestamps, ``simulator.device_sharing``), and v
 the co-located steps' own part fitted as its own cost model on that time-sliced device, slice
 counts drawn (``sim_colocated``: each case priced by the fit without its load;
 ``_other_workload``: the other workload's fit; ``_in_sample``: every case's, labelled so;
-``experiments.colocated_fit``). ``fit-sharing`` and ``fit-colocated`` need the engine's
-records themselves (each step's start and end on the shared clock), which
+``experiments.colocated_fit``), and variant (e): the isolated model, every replica's steps
+taking round-robin turns on one simulated GPU, the time slice chosen on the other loads
+(``sim_quantum``, ``experiments.cluster_quantum``). ``fit-sharing`` and ``fit-colocated``
+need the engine's records themselves (each step's start and end on the shared clock), which
 the tables do not keep; its output is committed beside them.
 """
 
@@ -562,7 +564,7 @@ def compare(table: Path, seed: int = 0) -> dict:
     isolated = isolated_cost_model()
     timeslice = DeviceSpec("gpu0", "timeslice", SliceFit.from_file(table / SHARING_FIT))
     colocated = colocated_models(table / COLOCATED_FIT)
-    rows, steps = [], {}
+    rows, steps, all_keys = [], {}, []
     for n in sorted({c["n"] for c in cases}):
         mine = sorted((c for c in cases if c["n"] == n), key=lambda c: c["case"])
         keys = [parse_case(n, c["case"]) for c in mine]
@@ -575,6 +577,8 @@ def compare(table: Path, seed: int = 0) -> dict:
             rows.append(row)
             for side, rec in sims.items():
                 steps.setdefault((n, key.workload, side), []).extend(rec.replicas)
+        all_keys += keys
+    quantum = compare_quantum(all_keys, rows, isolated, tokenized, steps)
     return {
         "conditions": _conditions(),
         "cases": rows,
@@ -582,7 +586,33 @@ def compare(table: Path, seed: int = 0) -> dict:
         "summary_shared_device": summarize_rows(rows, "sim_shared_device"),
         "summary_timeslice": summarize_rows(rows, "sim_timeslice"),
         **{f"summary_{side[4:]}": summarize_rows(rows, side) for side in COLOCATED_SIDES},
+        **quantum,
         "step_times": step_time_table(table, steps),
+    }
+
+
+def compare_quantum(keys: list[CaseKey], rows: list[dict], isolated, tokenized, steps) -> dict:  # noqa: ANN001
+    """Variant (e) (``experiments.cluster_quantum``) on every case: adds ``sim_quantum`` at the
+    time slice chosen without the case's load, and its error, to each row, and its steps to
+    ``steps``; returns the document's entries (its summary, the slices chosen, the grid)."""
+    from experiments import cluster_quantum as cq
+
+    def sim(key: CaseKey, device):  # noqa: ANN001, ANN202
+        return simulate_case(key, isolated, tokenized, device=device)
+
+    grid = cq.slice_grid(keys, sim, figures)
+    index = {id(r): load_index(k) for k, r in zip(keys, rows)}
+    chosen = cq.choose_slices(rows, grid, lambda r: index[id(r)], summarize_rows)
+    for key, row in zip(keys, rows):
+        q = chosen[load_index(key)]
+        rec = sim(key, cq.quantum_device(q))
+        row[cq.SIDE] = figures(rec) | {"quantum_ms": q}
+        row["goodput_error_pts_quantum"] = error_pts(row, cq.SIDE)
+        steps.setdefault((key.n, key.workload, cq.SIDE), []).extend(rec.replicas)
+    return {
+        "summary_quantum": summarize_rows(rows, cq.SIDE),
+        "quantum_chosen_ms": {f"load{i}": q for i, q in sorted(chosen.items())},
+        "quantum_grid": cq.grid_summary(rows, grid, summarize_rows),
     }
 
 
@@ -665,7 +695,7 @@ def step_time_table(table: Path, steps: dict) -> list[dict]:
     out = []
     for n, w in sorted({(n, w) for n, w, _ in steps}):
         sides = {"engine": read_steps(table / steps_file(n, w))[0]}
-        for side in ("sim", "sim_shared_device", "sim_timeslice", *COLOCATED_SIDES):
+        for side in ("sim", "sim_shared_device", "sim_timeslice", *COLOCATED_SIDES, "sim_quantum"):
             sides[side] = rows_of(steps[(n, w, side)])
         for kind in ("decode", "mixed"):
             row = {"n": n, "workload": w, "kind": kind}
@@ -787,6 +817,9 @@ def _conditions() -> dict:
         "each case priced by the fold fitted without its load (every N and workload)",
         "sim_colocated_other_workload": "the same, the fold fitted to the other workload only",
         "sim_colocated_in_sample": "the same, the fold fitted to every case (in sample)",
+        "sim_quantum": "the isolated model, the replicas' steps taking round-robin turns on "
+        "one simulated GPU (simulator.quantum_device), the time slice chosen from "
+        "experiments.cluster_quantum.QUANTA_MS on the cases at the other two loads",
         "sim_loop": "pipelined, arrivals between steps",
     }
 

@@ -32,6 +32,7 @@ VARIANTS = (  # (side, summary key, label)
         "summary_colocated_in_sample",
         "(d) the same, fitted to every case (in sample)",
     ),
+    ("sim_quantum", "summary_quantum", "(e) isolated model, round-robin turns (held-out slice)"),
 )
 
 

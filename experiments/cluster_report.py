@@ -156,6 +156,20 @@ def fidelity_page(doc: dict) -> str:
             "",
         ]
     )
+    q = doc.get("summary_quantum")
+    turns = (
+        []
+        if q is None
+        else [
+            "Router order, isolated replica's model, round-robin turns on one simulated GPU "
+            f"(time slice chosen without the load: {json.dumps(doc['quantum_chosen_ms'])} ms):\n",
+            _ranking_table(q["rankings"]),
+            "",
+            "Round-robin turns at each time slice, every case judged at it (in sample):\n",
+            _grid_table(doc["quantum_grid"]),
+            "",
+        ]
+    )
     return "\n".join(
         [
             "# Cluster simulator against co-located engine replicas\n",
@@ -170,9 +184,11 @@ def fidelity_page(doc: dict) -> str:
             _ranking_table(d["rankings"]),
             "",
             *sliced,
+            *turns,
             _summary_line("Fitted to the co-located steps", s),
             _summary_line("Isolated model on a shared device", d),
             *([] if ts is None else [_summary_line("Isolated model, time-sliced device", ts)]),
+            *([] if q is None else [_summary_line("Isolated model, round-robin turns", q)]),
             f"Noise band (repeat): "
             f"{json.dumps({k: round(v, 1) for k, v in s['noise_band_pts'].items()})}.\n",
         ]
@@ -190,8 +206,23 @@ def _summary_line(label: str, s: dict) -> str:
     )
 
 
+def _grid_table(grid: list[dict]) -> str:
+    rows = [
+        [
+            f"{g['quantum_ms']:g}",
+            f"{g['cases_within_band']}",
+            f"{g['mean_abs_error_pts']:.1f} / {g['max_abs_error_pts']:.1f}",
+            f"{g['order_agrees']} of {g['loads']}",
+        ]
+        for g in grid
+    ]
+    head = ["time slice ms", "cases within band", "mean / max error pts", "router order agrees"]
+    return table(head, rows)
+
+
 def _step_table(groups: list[dict]) -> str:
-    sides = [k for k in ("engine", "sim", "sim_shared_device", "sim_timeslice") if k in groups[0]]
+    known = ("engine", "sim", "sim_shared_device", "sim_timeslice", "sim_quantum")
+    sides = [k for k in known if k in groups[0]]
     rows = [
         [g["n"], g["workload"], g["kind"]]
         + [" / ".join(f"{v:.1f}" for v in g[k]["ms"]) for k in sides]
@@ -203,6 +234,7 @@ def _step_table(groups: list[dict]) -> str:
         "sim": "sim",
         "sim_shared_device": "shared device",
         "sim_timeslice": "time slices",
+        "sim_quantum": "turns",
     }
     head = ["N", "workload", "steps"] + [names[k] for k in sides]
     head.append("over ITL SLO " + " / ".join(names[k] for k in sides))
@@ -223,6 +255,9 @@ def _case_table(cases: list[dict]) -> str:
                 f"{r['goodput_error_pts_timeslice']:+.1f}",
             ]
         )
+        qt = r.get("sim_quantum")
+        if qt is not None:
+            sliced += [f"{qt['goodput']:.3f}", f"{r['goodput_error_pts_quantum']:+.1f}"]
         rows.append(
             [
                 r["n"],
@@ -242,6 +277,7 @@ def _case_table(cases: list[dict]) -> str:
             ]
         )
     has_ts = any("sim_timeslice" in r for r in cases)
+    has_q = any("sim_quantum" in r for r in cases)
     lat = "eng / sim / shared" + (" / sliced" if has_ts else "")
     head = [
         "N",
@@ -255,6 +291,7 @@ def _case_table(cases: list[dict]) -> str:
         "sim (shared device)",
         "error pts (shared device)",
         *(["sim (time slices)", "error pts (time slices)"] if has_ts else []),
+        *(["sim (turns)", "error pts (turns)"] if has_q else []),
         "hit rate eng / sim",
         f"mean ITL ms {lat}",
         f"p99 ITL ms {lat}",

@@ -44,3 +44,22 @@ def test_fidelity_case_names_round_trip():
     )
     with pytest.raises(ValueError, match="not <workload>"):
         parse_case(2, "nonsense")
+
+
+def test_the_round_robin_variant_chooses_its_slice_without_the_judged_load():
+    from experiments.cluster_quantum import SIDE, choose_slices
+
+    def summarize(rows, side):  # noqa: ANN001, ANN202 - within 2 points, and the mean error
+        errs = [abs(r[side]["goodput"] - r["engine"]["goodput"]) * 100 for r in rows]
+        return {"cases_within_band": sum(e <= 2 for e in errs), "mean_abs_error_pts": sum(errs)}
+
+    folds = [0, 1] + [2] * 5  # load 2's five cases are right at 1 ms only, loads 0 and 1 at 0.1
+    rows = [{"engine": {"goodput": 0.5}, "fold": f} for f in folds]
+    grid = {
+        0.1: [{"goodput": 0.5 if f < 2 else 0.8} for f in folds],
+        1.0: [{"goodput": 0.5 if f == 2 else 0.8} for f in folds],
+    }
+    chosen = choose_slices(rows, grid, lambda r: r["fold"], summarize)
+    # in sample 1 ms is right on 5 of 7; held out, load 2 is judged at what loads 0 and 1 chose
+    assert chosen == {0: 1.0, 1: 1.0, 2: 0.1}
+    assert SIDE not in rows[0]  # the rows are not changed
