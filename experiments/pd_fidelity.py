@@ -128,11 +128,26 @@ def figures(rec) -> dict:  # noqa: ANN001 - ClusterRecords
     m = summarize(rec.merged(), slo=SLO(SLO_TTFT, SLO_ITL))
     out = {k: m[k] for k in ("ttft_mean", "ttft_p99", "itl_mean", "itl_p99", "e2e_mean")}
     out["goodput"] = m["goodput_lifetime"]
+    out["replicas"] = [replica_load(r) for r in rec.replicas]
     if rec.transfers is not None:
         out["ttft_parts"] = ttft_breakdown(rec)
         if "copy_s" in rec.transfers:
             out["copy_mean"] = float(np.nanmean(rec.transfers["copy_s"]))
     return out
+
+
+def replica_load(r) -> dict:  # noqa: ANN001 - one replica's RunRecords
+    """How full a replica ran: its steps' mean running requests and KV blocks used (over the
+    steps that ran any), the most waiting, its preemptions and the requests preempted."""
+    busy = r.num_running > 0
+    return {
+        "steps": int(len(r.step_start)),
+        "running_mean": float(r.num_running[busy].mean()) if busy.any() else 0.0,
+        "kv_used_mean": float(r.kv_used_blocks[busy].mean()) if busy.any() else 0.0,
+        "waiting_max": int(r.num_waiting.max()) if len(r.num_waiting) else 0,
+        "preemptions": int(r.num_preempted[r.num_preempted > 0].sum()),
+        "requests_preempted": int((r.num_preemptions > 0).sum()),
+    }
 
 
 def compare(engine_root: Path, out: Path) -> dict:

@@ -31,3 +31,29 @@ def test_a_variant_is_summarized_where_every_row_has_it():
     col = next(r for r in out if r["sim"] == "colocated")
     assert abs(col["goodput"]["max_err_pts"] - 10.0) < 1e-9  # seed 0: 0.8 against 0.9
     assert "| pd | " in render(out)
+
+
+def test_replica_load_counts_a_full_pool_s_preemptions():
+    import random
+
+    from sched_driver import ConstantCost, random_requests
+
+    from experiments.pd_fidelity import replica_load
+    from horizon.cluster import make_router
+    from horizon.policies import make_policy
+    from horizon.scheduler_config import SchedulerConfig
+    from simulator.cluster_simulation import ClusterSimulation, ReplicaSetup
+
+    cfg = SchedulerConfig(
+        num_blocks=24, block_size=16, max_num_seqs=16, max_num_batched_tokens=256,
+        max_model_len=1024,
+    )  # fmt: skip
+    reqs = random_requests(random.Random(3), 40, max_prompt=60, max_output=120, rate=200.0)
+    setups = [ReplicaSetup(cfg, make_policy("fcfs"), ConstantCost(0.01))]
+    rec = ClusterSimulation(reqs, setups, make_router("round_robin"), pipelined=True).run()
+    (r,) = rec.replicas
+    load = replica_load(r)
+    assert load["preemptions"] == int(r.num_preempted.sum()) > 0
+    assert 0 < load["requests_preempted"] <= load["preemptions"]
+    assert 0 < load["running_mean"] <= 16 and 0 < load["kv_used_mean"] <= 24
+    assert load["steps"] == len(r.step_start) and load["waiting_max"] > 0
