@@ -19,6 +19,7 @@ from horizon.workload.builder import fresh_copy
 from horizon.workload.sessions import Session
 from simulator import gpu_spec, make_cost_model
 from simulator.cluster_simulation import ClusterSimulation, ReplicaSetup
+from simulator.device_sharing import DeviceSpec
 from simulator.kv_link import LinkSpec
 
 CALIBRATION = "calibration/h200_{shape}_online.csv.gz"
@@ -37,6 +38,9 @@ class ReplicaSpec:
         max_num_batched_tokens, max_num_seqs, max_model_len: the scheduler's limits.
         device: the GPU it shares with the replicas naming the same one (co-located: their
             steps' device work serialized, ``simulator.shared_device``); None: its own GPU.
+        device_options: that GPU's sharing rule, ``simulator.device_sharing.DeviceSpec``'s
+            fields but its name (e.g. ``{"sharing": "quantum", "quantum_s": 0.00025}``: the
+            round-robin turns docs/cluster.md judges best); empty: first come, first served.
         role: ``mixed``, or ``prefill`` / ``decode`` (disaggregated serving).
     """
 
@@ -52,12 +56,27 @@ class ReplicaSpec:
     max_model_len: int = 8192
     device: str | None = None
     role: str = "mixed"
+    device_options: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not isinstance(self.num_blocks, int) or self.num_blocks < 1:
             raise ValueError(f"ReplicaSpec.num_blocks must be an int >= 1, got {self.num_blocks!r}")
         model_shape(self.shape)  # unknown names raise, listing the known ones
         gpu_spec(self.gpu)
+        if self.device_options:
+            if self.device is None:
+                raise ValueError("ReplicaSpec.device_options need a device (a GPU's name)")
+            self.device_spec()  # bad options raise here, naming the field
+
+    def device_spec(self) -> str | DeviceSpec | None:
+        """The shared GPU as ``ReplicaSetup.device`` takes it: a name, or a ``DeviceSpec``."""
+        if not self.device_options:
+            return self.device
+        assert self.device is not None
+        try:
+            return DeviceSpec(self.device, **dict(self.device_options))
+        except TypeError as e:  # an unknown key
+            raise ValueError(f"ReplicaSpec.device_options: {e}") from None
 
     def setup(self, predictor: object = None, cost_models: dict | None = None) -> ReplicaSetup:
         """A fresh ``ReplicaSetup`` (its own policy object); ``cost_models`` caches fits."""
@@ -77,7 +96,7 @@ class ReplicaSpec:
         )
         policy = make_policy(self.policy, **self.policy_options)
         return ReplicaSetup(
-            config, policy, cache[key], shape, predictor, None, self.device, self.role
+            config, policy, cache[key], shape, predictor, None, self.device_spec(), self.role
         )
 
 

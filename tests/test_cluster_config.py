@@ -43,3 +43,18 @@ def test_the_groups_compose_into_the_typed_config():
     assert isinstance(run, ClusterRunConfig)
     assert run.router.name == "prefix_aware" and run.router.options == {"threshold": 8}
     assert run.cluster.replicas == 16 and run.cluster.replica.num_blocks == 121709
+
+
+def test_a_replica_names_its_gpu_s_sharing_rule():
+    from simulator.device_sharing import DeviceSpec
+
+    opts = {"sharing": "quantum", "quantum_s": 2.5e-4}
+    spec = ReplicaSpec(num_blocks=100, device="gpu0", device_options=opts)
+    assert spec.setup().device == DeviceSpec("gpu0", "quantum", quantum_s=2.5e-4)
+    assert ReplicaSpec(num_blocks=100, device="gpu0").setup().device == "gpu0"
+    with pytest.raises(ValueError, match="ReplicaSpec.device_options need a device"):
+        ReplicaSpec(device_options=opts)
+    with pytest.raises(ValueError, match="ReplicaSpec.device_options"):
+        ReplicaSpec(device="gpu0", device_options={"slice": 1e-3})
+    with pytest.raises(ValueError, match="DeviceSpec.quantum_s"):
+        ReplicaSpec(device="gpu0", device_options={"sharing": "quantum"})
