@@ -209,7 +209,7 @@ def steps_file(n: int, workload: str) -> str:
     return f"steps_n{n}_{workload}.csv.xz"
 
 
-def simulate_case(key: CaseKey, cost_model, tokenized, device: str | None = None):  # noqa: ANN001, ANN201
+def simulate_case(key: CaseKey, cost_model, tokenized, device: str | None = None, live=None):  # noqa: ANN001, ANN201
     """The case on the cluster simulator (ClusterRecords); ``device``: every replica on that one
     shared GPU, steps serialized (``simulator.shared_device``), else each on its own."""
     from experiments.cluster_setup import simulate_cluster
@@ -231,7 +231,7 @@ def simulate_case(key: CaseKey, cost_model, tokenized, device: str | None = None
         for _ in range(key.n)
     ]
     requests, sessions = workload_of(key, tokenized)
-    return simulate_cluster(setups, make_router(key.router), requests, sessions)
+    return simulate_cluster(setups, make_router(key.router), requests, sessions, live=live)
 
 
 def figures(rec) -> dict:  # noqa: ANN001 - ClusterRecords

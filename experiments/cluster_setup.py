@@ -131,6 +131,7 @@ def simulate_cluster(
     max_time: float | None = None,
     decode_router: Router | None = None,
     kv_link: LinkSpec | None = None,
+    live: bool | None = None,
 ):  # noqa: ANN201 - ClusterRecords
     """One run on the engine's loop (pipelined, arrivals between steps), fresh copies in;
     ``decode_router`` and ``kv_link`` for disaggregated replicas."""
@@ -145,4 +146,5 @@ def simulate_cluster(
         arrivals_at_step_boundaries=True,
         decode_router=decode_router,
         kv_link=kv_link,
+        live=live,
     ).run()

@@ -71,6 +71,8 @@ class ClusterSimulation:
         router: the routing policy.
         sessions: closed-loop sessions (``horizon.workload.sessions``), besides ``requests``.
         view_delay: seconds by which the router's views lag (0: live).
+        live: as ``Cluster``'s: False with ``view_delay`` 0 routes on each replica's latest
+            step-end report, as the engine's driver does; None: live iff no delay.
         max_time, check_every, arrivals_at_step_boundaries, pipelined: as
             ``simulator.Simulation``'s, for every replica.
         decode_router, kv_link: for disaggregated replicas, the router that places a
@@ -95,6 +97,7 @@ class ClusterSimulation:
         kv_link: LinkSpec | None = None,
         autoscaler=None,  # noqa: ANN001 - horizon.cluster.Autoscaler, or one per role
         autoscale: AutoscaleConfig | dict[str, AutoscaleConfig] | None = None,
+        live: bool | None = None,
     ) -> None:
         if max_time is not None and not (math.isfinite(max_time) and max_time > 0):
             raise ValueError(f"max_time must be a finite number > 0, got {max_time!r}")
@@ -114,7 +117,7 @@ class ClusterSimulation:
             Replica(i, Scheduler(s.config, s.policy), s.shape, s.predictor, s.name, now, s.role)
             for i, s in enumerate(replicas)
         ]
-        self.cluster = Cluster(reps, router, view_delay, now, decode_router=decode_router)
+        self.cluster = Cluster(reps, router, view_delay, now, live, decode_router=decode_router)
         self.inboxes = [Inbox(env, arrivals_at_step_boundaries, r.scheduler) for r in reps]
         self.transfers = self._transfers(replicas, kv_link)
         self._prefill_loops = sum(r.role == "prefill" for r in reps)

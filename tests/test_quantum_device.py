@@ -149,3 +149,27 @@ def test_closed_loop_sessions_follow_the_late_ends():
 def test_the_quantum_rule_needs_the_pipelined_loop():
     with pytest.raises(ValueError, match="pipelined"):
         ClusterSimulation([], _setups(2, SPEC), make_router("round_robin"), pipelined=False)
+
+
+def test_views_may_read_the_latest_step_end_reports_as_the_engine_s_driver_does():
+    from horizon.cluster.stale_view import StaleView
+    from horizon.cluster.view import LiveView
+
+    reqs = random_requests(random.Random(4), 120, max_prompt=100, max_output=30, rate=150.0)
+    sims = {}
+    for live in (None, False):
+        sims[live] = ClusterSimulation(
+            [fresh_copy(r) for r in reqs],
+            [ReplicaSetup(CFG, make_policy("fcfs"), TokenCost(), device=SPEC) for _ in range(3)],
+            make_router("least_loaded"),
+            pipelined=True,
+            arrivals_at_step_boundaries=True,
+            live=live,
+        )
+    assert all(isinstance(v, LiveView) for v in sims[None].cluster.views)
+    assert all(isinstance(v, StaleView) for v in sims[False].cluster.views)
+    live, reported = sims[None].run(), sims[False].run()
+    for rec in (live, reported):
+        rec.check()
+        assert np.all(rec.merged().status == STATUS_FINISHED)
+    assert live.assignment.tolist() != reported.assignment.tolist()  # routed on older loads
