@@ -84,6 +84,10 @@ def test_bad_settings_are_named():
         DeviceSpec("gpu0", "fcfs", quantum_s=1e-3)
     with pytest.raises(ValueError, match="DeviceSpec.switch_s"):
         DeviceSpec("gpu0", "timeslice", switch_s=1e-4)
+    from simulator.shared_device import SharedDevice
+
+    with pytest.raises(ValueError, match="needs the env"):
+        SharedDevice(DeviceSpec("gpu0", "quantum", quantum_s=1e-3))
 
 
 SPEC = DeviceSpec("gpu0", "quantum", quantum_s=2 * MS)
