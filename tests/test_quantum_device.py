@@ -22,6 +22,7 @@ from horizon.workload.builder import fresh_copy
 from simulator.cluster_simulation import ClusterSimulation, ReplicaSetup
 from simulator.device_sharing import DeviceSpec
 from simulator.quantum_device import QuantumDevice
+from simulator.shared_device import SharedDevice
 
 CFG = SchedulerConfig(
     num_blocks=400, block_size=16, max_num_seqs=16, max_num_batched_tokens=512, max_model_len=8192
@@ -84,8 +85,6 @@ def test_bad_settings_are_named():
         DeviceSpec("gpu0", "fcfs", quantum_s=1e-3)
     with pytest.raises(ValueError, match="DeviceSpec.switch_s"):
         DeviceSpec("gpu0", "timeslice", switch_s=1e-4)
-    from simulator.shared_device import SharedDevice
-
     with pytest.raises(ValueError, match="needs the env"):
         SharedDevice(DeviceSpec("gpu0", "quantum", quantum_s=1e-3))
 
