@@ -48,7 +48,7 @@ def choose_slices(
         return (-s["cases_within_band"], s["mean_abs_error_pts"], q)
 
     folds = sorted({fold_of(r) for r in rows})
-    return {f: min(grid, key=lambda q: score(q, f)) for f in folds}  # noqa: B023
+    return {f: min(grid, key=lambda q: score(q, f)) for f in folds}
 
 
 def grid_summary(rows: list[dict], grid: dict[float, list[dict]], summarize: Callable) -> list:

@@ -8,9 +8,9 @@ directly, event by event, instead of pricing a step when it is submitted:
 * each replica (owner) has a FIFO of submitted steps, each with its own time alone (its cost
   model's price); the device serves the owner at the head of its turn for at most
   ``quantum_s`` of work, then the next owner in round-robin order that has work;
-* a context gives up its turn when a step of it ends (``yield_at_step_end``: the step's
-  token copy leaves the compute engine idle for that context, and a waiting context is
-  switched in), or when its queue is empty;
+* a context gives up its turn when a step of it ends (the step's token copy leaves the
+  compute engine idle for that context, and a waiting context is switched in), or when its
+  queue is empty;
 * a switch between owners costs ``switch_s`` of device time;
 * a step ends when it has had its own time on the device, so a step in flight is stretched by
   every neighbour that gets turns meanwhile, including neighbours that submit after it.
@@ -45,7 +45,6 @@ class QuantumDevice:
         env: simpy.Environment,
         quantum_s: float,
         switch_s: float = 0.0,
-        yield_at_step_end: bool = True,
     ) -> None:
         if not (isinstance(quantum_s, (int, float)) and quantum_s > 0 and math.isfinite(quantum_s)):
             raise ValueError(f"QuantumDevice.quantum_s must be > 0 seconds, got {quantum_s!r}")
@@ -54,15 +53,11 @@ class QuantumDevice:
         self.env = env
         self.quantum_s = float(quantum_s)
         self.switch_s = float(switch_s)
-        self.yield_at_step_end = yield_at_step_end
         self._queues: dict[object, deque[list]] = {}  # owner -> [[left, own, event], ...]
         self._order: list[object] = []  # owners in order of first submission
         self._wake: simpy.Event | None = None
         self.busy_s = 0.0
         self.switch_total_s = 0.0
-        self.switches = 0
-        self.steps = 0
-        self.slices = 0
         env.process(self._run())
 
     def submit(self, owner: object, duration: float) -> simpy.Event:
@@ -74,7 +69,6 @@ class QuantumDevice:
             q = self._queues[owner] = deque()
             self._order.append(owner)
         q.append([float(duration), float(duration), event])
-        self.steps += 1
         if self._wake is not None:
             wake, self._wake = self._wake, None
             wake.succeed()
@@ -104,27 +98,20 @@ class QuantumDevice:
                 continue
             if current >= 0 and j != current and self.switch_s > 0:
                 yield env.timeout(self.switch_s)
-                self.switches += 1
                 self.switch_total_s += self.switch_s
             current = j
             yield from self._turn(self._queues[self._order[j]])
 
     def _turn(self, queue: deque[list]):  # noqa: ANN202
-        """Serve one owner's queue for one time slice (or to its first step's end)."""
-        env, left = self.env, self.quantum_s
-        self.slices += 1
-        while queue and left > 0:
-            step = queue[0]
-            run = min(left, step[0])
-            yield env.timeout(run)
-            self.busy_s += run
-            left -= run
-            step[0] -= run
-            if step[0] <= 1e-12:
-                queue.popleft()
-                step[2].succeed(env.now)
-                if self.yield_at_step_end:
-                    return
+        """Serve one owner's first step for one time slice, or to its end if sooner."""
+        step = queue[0]
+        run = min(self.quantum_s, step[0])
+        yield self.env.timeout(run)
+        self.busy_s += run
+        step[0] -= run
+        if step[0] <= 1e-12:
+            queue.popleft()
+            step[2].succeed(self.env.now)
 
     def check_integrity(self) -> None:
         assert set(self._order) == set(self._queues), "an owner without a queue"
