@@ -92,7 +92,7 @@ class EngineHandoffs:
         for rid in rejected:
             sched.finished(rid)
         if self.remotes[i].role == "decode":
-            sched.blocked = False  # a fresh report: offered imports again
+            sched.reported()  # a fresh report: offered imports again
             if self.h.pending:
                 self.place()
 
@@ -120,11 +120,10 @@ class EngineHandoffs:
         """Decode replica ``i`` could not reserve ``rid``'s blocks: pending again."""
         t = self.h.in_flight[rid]
         assert t.dst == i
-        self.scheds[i].answered(t.request, False)
-        self.remotes[i].imported -= 1
+        self.scheds[i].answered(t.request, False)  # offered nothing until its next report
+        self.remotes[i].refuse_import(t.request)
         self.h.refused(t)
         self.refusals += 1
-        self.scheds[i].blocked = True  # until its next report
         self.place()
 
     def table(self) -> dict[str, np.ndarray]:

@@ -76,6 +76,10 @@ class RemoteReplica:
         """A handed-off ``request`` was placed here (the driver sends it to the worker)."""
         self.imported += 1
 
+    def refuse_import(self, request: Request) -> None:
+        """The worker refused ``request`` after all (its blocks did not fit when it came)."""
+        self.imported -= 1
+
     def leave(self, request: Request) -> None:
         """``request`` was handed off to another replica."""
 

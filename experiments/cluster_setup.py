@@ -132,9 +132,10 @@ def simulate_cluster(
     decode_router: Router | None = None,
     kv_link: LinkSpec | None = None,
     live: bool | None = None,
+    placement: str = "live",
 ):  # noqa: ANN201 - ClusterRecords
     """One run on the engine's loop (pipelined, arrivals between steps), fresh copies in;
-    ``decode_router`` and ``kv_link`` for disaggregated replicas."""
+    ``decode_router``, ``kv_link`` and ``placement`` for disaggregated replicas."""
     return ClusterSimulation(
         [fresh_copy(r) for r in requests],
         replicas,
@@ -147,4 +148,5 @@ def simulate_cluster(
         decode_router=decode_router,
         kv_link=kv_link,
         live=live,
+        placement=placement,
     ).run()

@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import gc
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 import simpy
@@ -39,6 +40,7 @@ from simulator.cluster_transfers import TransferDriver
 from simulator.cost_model import CostModel
 from simulator.device_sharing import DeviceSpec
 from simulator.kv_link import LinkSpec
+from simulator.reported_placement import MESSAGE_S
 from simulator.shared_device import SharedDevice
 from simulator.simulation import SimClock
 
@@ -77,6 +79,11 @@ class ClusterSimulation:
             ``simulator.Simulation``'s, for every replica.
         decode_router, kv_link: for disaggregated replicas, the router that places a
             handed-off request on a decode replica and the link its KV crosses.
+        placement, message_s: how handoffs are placed: ``live`` reserves on the decode
+            scheduler at the step end that freed the blocks; ``reported`` places on each
+            decode replica's latest step-end free blocks and the replica takes the import
+            (or refuses it) at its first step boundary ``message_s`` later, as on the engine
+            (``simulator.reported_placement``).
         autoscaler, autoscale: an autoscaler over the replicas (the most it may provision)
             and its settings (``simulator.autoscaling``); None: every replica always on. With
             prefill/decode roles, one of each per role (``{"prefill": ..., "decode": ...}``).
@@ -98,6 +105,8 @@ class ClusterSimulation:
         autoscaler=None,  # noqa: ANN001 - horizon.cluster.Autoscaler, or one per role
         autoscale: AutoscaleConfig | dict[str, AutoscaleConfig] | None = None,
         live: bool | None = None,
+        placement: str = "live",
+        message_s: float = MESSAGE_S,
     ) -> None:
         if max_time is not None and not (math.isfinite(max_time) and max_time > 0):
             raise ValueError(f"max_time must be a finite number > 0, got {max_time!r}")
@@ -119,7 +128,7 @@ class ClusterSimulation:
         ]
         self.cluster = Cluster(reps, router, view_delay, now, live, decode_router=decode_router)
         self.inboxes = [Inbox(env, arrivals_at_step_boundaries, r.scheduler) for r in reps]
-        self.transfers = self._transfers(replicas, kv_link)
+        self.transfers = self._transfers(replicas, kv_link, placement, message_s)
         self._prefill_loops = sum(r.role == "prefill" for r in reps)
         self.autoscale = None
         if autoscaler is not None:
@@ -129,13 +138,21 @@ class ClusterSimulation:
         self.backends = [self._backend(s, r, pipelined) for s, r in zip(replicas, reps)]
         self._open_loop_done = False
 
-    def _transfers(self, setups: Sequence[ReplicaSetup], link: LinkSpec | None):  # noqa: ANN202
+    def _transfers(self, setups, link, placement: str, message_s: float):  # noqa: ANN001, ANN202
         if self.cluster.handoffs is None:
             return None
         if link is None:
             raise ValueError("ClusterSimulation.kv_link is needed for prefill/decode replicas")
         shapes = [s.shape for s in setups]
-        return TransferDriver(self.env, self.cluster, shapes, link, self._arrived)
+        inboxes = self.inboxes
+        driver = TransferDriver(self.env, self.cluster, shapes, link, self._arrived, placement,
+                                lambda i: inboxes[i].wake(), message_s)  # fmt: skip
+        if driver.reported is not None:
+            for r, box in zip(self.cluster.replicas, inboxes):
+                if r.role == "decode":
+                    box.offers = partial(driver.reported.due, r.index)
+                    box.take = partial(driver.take, r.index)
+        return driver
 
     def _arrived(self, t) -> None:  # noqa: ANN001 - a Transfer whose KV is in
         dst = self.cluster.replicas[t.dst]
@@ -309,6 +326,8 @@ class Inbox:
         self.fresh = False  # the scheduler changed since the loop last admitted (a transfer)
         self.closed = False
         self._wake: simpy.Event | None = None
+        self.offers: Callable[[float], bool] | None = None  # reported placement: imports due
+        self.take: Callable[[float], None] | None = None  # ... taken at a step boundary
 
     def push(self, r: Request, sched: Scheduler) -> None:
         if self.hold:
@@ -340,7 +359,11 @@ class Inbox:
         if self._wake is not None and not self._wake.triggered:
             self._wake.succeed()
 
+    wake = _notify
+
     def admit(self, sched: Scheduler, now: float) -> None:
+        if self.take is not None:
+            self.take(now)
         self.fresh = False
         if self.imports:
             for r in self.imports:
@@ -352,6 +375,8 @@ class Inbox:
             self.held.clear()
 
     def due(self, now: float) -> bool:
+        if self.offers is not None and self.offers(now):
+            return True
         return bool(self.held or self.imports) or self.fresh
 
     @property

@@ -6,6 +6,8 @@ a prefill replica, its handed-off requests are collected and placed at the step'
 their KV is ready); after every step of a decode replica (which may have freed blocks), pending
 requests are placed again. A placed transfer sends its bytes over the fabric from its start;
 when they are in, the source frees the blocks and the target's inbox admits the request.
+With ``placement="reported"`` a placement is an offer that the decode replica takes or refuses
+at a later step boundary (``simulator.reported_placement``); its transfer starts when taken.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from horizon.cluster import Cluster
 from horizon.cluster.handoffs import Handoffs, Transfer
 from horizon.model_shape import ModelShape
 from simulator.kv_link import Fabric, LinkSpec, later, soon
+from simulator.reported_placement import PLACEMENTS, ReportedPlacement
 
 
 class TransferDriver:
@@ -30,6 +33,10 @@ class TransferDriver:
         shapes: each replica's model shape (a prefill replica's prices its KV bytes).
         link: the KV link between replicas.
         arrived: ``arrived(transfer)`` once a transfer's KV is in (the driver admits it).
+        placement: ``live`` (reserve on the decode scheduler at once) or ``reported`` (as
+            the engine's driver places; ``wake`` and ``message_s`` are then used).
+        wake: ``wake(index)`` wakes a decode replica's sleeping loop (reported placement).
+        message_s: seconds from a placement to the import's arrival (reported placement).
     """
 
     def __init__(
@@ -39,8 +46,14 @@ class TransferDriver:
         shapes: Sequence[ModelShape | None],
         link: LinkSpec,
         arrived: Callable[[Transfer], None],
+        placement: str = "live",
+        wake: Callable[[int], None] | None = None,
+        message_s: float = 0.0,
     ) -> None:
         assert cluster.handoffs is not None
+        if placement not in PLACEMENTS:
+            raise ValueError(f"ClusterSimulation.placement must be one of {PLACEMENTS}, got "
+                             f"{placement!r}")  # fmt: skip
         for r, shape in zip(cluster.replicas, shapes):
             if r.role == "prefill" and shape is None:
                 raise ValueError(f"ReplicaSetup.shape is needed on prefill replica {r.index}")
@@ -51,6 +64,11 @@ class TransferDriver:
         self.fabric = Fabric(env, link)
         self.arrived = arrived
         self._batch: list[Transfer] | None = None  # placed now, to begin once the placer yields
+        self.reported: ReportedPlacement | None = None
+        if placement == "reported":
+            assert wake is not None
+            self.reported = ReportedPlacement(env, self.handoffs, cluster.replicas, message_s,
+                                              self._begin, wake)  # fmt: skip
 
     def after_update(self, index: int) -> Callable[[], None] | None:
         """The serving loop's hook for replica ``index`` (None for a mixed replica)."""
@@ -65,7 +83,11 @@ class TransferDriver:
             return collected
         if role == "decode":
 
+            reported = self.reported
+
             def freed() -> None:
+                if reported is not None:
+                    reported.reported(index)
                 if handoffs.pending:
                     self._place(env.now)
 
@@ -86,10 +108,16 @@ class TransferDriver:
             self._place(env.now)
 
     def _place_now(self, _ev: object) -> None:
+        if self.reported is not None:
+            self._place(self.env.now)
+            return
         assert self._batch is None  # an ordinary event: nothing placed now waits to begin
         self._begin(self.handoffs.place(self.env.now))
 
     def _place(self, now: float) -> None:
+        if self.reported is not None:  # the engine's driver hears of a handoff once it is ready
+            self.reported.sent(self.handoffs.place(now, ready_by=now))
+            return
         started = self.handoffs.place(now)
         if not started:
             return
@@ -128,5 +156,14 @@ class TransferDriver:
         self.handoffs.complete(t, self.env.now)
         self.arrived(t)
 
+    def take(self, index: int, now: float) -> None:
+        """Decode replica ``index``'s step boundary (reported placement): the imports that
+        reached it are taken or refused; a refusal places again (others may fit)."""
+        assert self.reported is not None
+        if self.reported.take(index, now) and self.handoffs.pending:
+            self._place(now)
+
     def check_integrity(self) -> None:
         self.fabric.check_integrity()
+        if self.reported is not None:
+            self.reported.check_integrity()

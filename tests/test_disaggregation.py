@@ -41,7 +41,8 @@ def _cfg(rng: random.Random, bs: int) -> SchedulerConfig:
     )
 
 
-def _run(seed: int, n_prefill: int, n_decode: int, mixed: int, pipelined: bool, hold: bool):  # noqa: ANN202
+def _run(seed: int, n_prefill: int, n_decode: int, mixed: int, pipelined: bool, hold: bool,  # noqa: ANN202
+         placement: str = "live"):  # fmt: skip
     rng = random.Random(seed)
     bs = rng.choice([1, 2, 4, 16])
     roles = ["prefill"] * n_prefill + ["decode"] * n_decode + ["mixed"] * mixed
@@ -60,7 +61,7 @@ def _run(seed: int, n_prefill: int, n_decode: int, mixed: int, pipelined: bool, 
     decode_router = make_router(rng.choice(DECODE_ROUTERS))
     sim = ClusterSimulation(
         reqs, setups, make_router("least_loaded"), decode_router=decode_router, kv_link=link,
-        check_every=1, pipelined=pipelined, arrivals_at_step_boundaries=hold,
+        check_every=1, pipelined=pipelined, arrivals_at_step_boundaries=hold, placement=placement,
     )  # fmt: skip
     return reqs, sim, sim.run()
 
@@ -80,23 +81,28 @@ def test_random_disaggregated_clusters_keep_every_invariant(scale):
     def run(seed, n_prefill, n_decode, mixed, pipelined, hold):
         nonlocal ops
         reqs, sim, rec = _run(seed, n_prefill, n_decode, mixed, pipelined, hold)
-        rec.check()
-        sim.cluster.check_integrity()  # the handoffs' block placement, every replica's state
-        merged = rec.merged()
-        merged.check()
-        assert merged.request_id.tolist() == sorted(r.request_id for r in reqs)  # none lost
-        done, rej = merged.status == STATUS_FINISHED, merged.status == STATUS_REJECTED
-        assert np.all(done | rej)
-        handed = sum(int(np.count_nonzero(p.status == STATUS_HANDED_OFF)) for p in rec.replicas)
-        assert handed == len(rec.transfers["request_id"])  # every handoff was transferred
-        roles = [r.role for r in sim.cluster.replicas]
-        assert all(roles[d] == "decode" for d in rec.transfers["dst"].tolist())
-        assert all(roles[s] == "prefill" for s in rec.transfers["src"].tolist())
-        assert all(r.scheduler.pool.num_used == 0 for r in sim.cluster.replicas)
-        ops += sum(p.num_requests + len(p.step_end) for p in rec.replicas)
+        ops += check_run(reqs, sim, rec)
 
     run()
     assert ops >= 100_000 * scale
+
+
+def check_run(reqs, sim, rec) -> int:  # noqa: ANN001
+    """Every invariant of a finished disaggregated run; returns its operations."""
+    rec.check()
+    sim.cluster.check_integrity()  # the handoffs' block placement, every replica's state
+    merged = rec.merged()
+    merged.check()
+    assert merged.request_id.tolist() == sorted(r.request_id for r in reqs)  # none lost
+    done, rej = merged.status == STATUS_FINISHED, merged.status == STATUS_REJECTED
+    assert np.all(done | rej)
+    handed = sum(int(np.count_nonzero(p.status == STATUS_HANDED_OFF)) for p in rec.replicas)
+    assert handed == len(rec.transfers["request_id"])  # every handoff was transferred
+    roles = [r.role for r in sim.cluster.replicas]
+    assert all(roles[d] == "decode" for d in rec.transfers["dst"].tolist())
+    assert all(roles[s] == "prefill" for s in rec.transfers["src"].tolist())
+    assert all(r.scheduler.pool.num_used == 0 for r in sim.cluster.replicas)
+    return sum(p.num_requests + len(p.step_end) for p in rec.replicas)
 
 
 def test_the_same_seed_gives_byte_identical_records():

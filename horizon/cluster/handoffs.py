@@ -75,6 +75,7 @@ class Handoffs:
         if not self._all_decode:
             raise ValueError("Cluster: prefill replicas need at least one decode replica")
         self._closed: set[int] = set()  # decode replicas not routable (an autoscaler's)
+        self._importers: dict = {}  # decode replica index -> stand-in (``place_through``)
         self._offer()
         self.pending: list[tuple[Request, int, float]] = []  # (request, src, ready)
         self.in_flight: dict[int, Transfer] = {}
@@ -87,7 +88,22 @@ class Handoffs:
         self.decode_views = tuple(v for v in self._all_decode if v.index not in self._closed)
         if not self.decode_views:
             raise ValueError("Cluster: no routable decode replica left (min_replicas >= 1)")
-        self._decoders = tuple((v, self.replicas[v.index].scheduler) for v in self.decode_views)
+        self._decoders = tuple((v, self._importer(v.index)) for v in self.decode_views)
+
+    def _importer(self, index: int):  # noqa: ANN202 - a Scheduler or a stand-in of one
+        """Whom ``place`` asks and reserves on for decode replica ``index``."""
+        return self._importers.get(index) or self.replicas[index].scheduler
+
+    def place_through(self, importers: dict) -> None:  # replica index -> stand-in
+        """Place on these stand-ins of decode replicas' schedulers (``can_import``,
+        ``reserve_import``, ``import_blocks``, ``never_fits``, ``kv.blocks_of``) instead of
+        the schedulers: a driver that knows them by their reports
+        (``horizon.cluster.reported_imports``). A transfer is then in flight from its
+        placement, and its target reserves the blocks, or refuses (``refused``), later."""
+        if not all(self.replicas[i].role == "decode" for i in importers):
+            raise ValueError("Handoffs.place_through: stand-ins are for decode replicas only")
+        self._importers = dict(importers)
+        self._offer()
 
     def set_routable(self, index: int, routable: bool) -> None:
         """Offer decode replica ``index`` to the decode router or not: one not offered takes
@@ -109,11 +125,14 @@ class Handoffs:
             self.pending.append((r, src, ready))
         return max(t for _, t in got) if got else None
 
-    def place(self, now: float) -> list[Transfer]:
-        """Start a transfer for every pending request (oldest first) that a decode replica
-        can take now; returns the transfers started."""
+    def place(self, now: float, ready_by: float = math.inf) -> list[Transfer]:
+        """Start a transfer for every pending request (oldest first) whose KV is ready by
+        ``ready_by`` and that a decode replica can take now; returns the transfers started."""
         started, kept = [], []
         for r, src, ready in self.pending:
+            if ready > ready_by:
+                kept.append((r, src, ready))
+                continue
             fits = [v for v, sched in self._decoders if sched.can_import(r)]
             if not fits:
                 kept.append((r, src, ready))
@@ -131,7 +150,7 @@ class Handoffs:
         return started
 
     def _start(self, r: Request, src: int, dst: int, ready: float, now: float) -> Transfer:
-        sched = self.replicas[dst].scheduler
+        sched = self._importer(dst)
         sched.reserve_import(r)
         self.replicas[dst].accept_import(r)
         n = r.num_computed_tokens
@@ -185,6 +204,6 @@ class Handoffs:
             assert not self.replicas[t.src].scheduler.kv.blocks_of(t.request), "not freed"
 
     def _held_only_on(self, r: Request, where: set[int]) -> None:
-        for i, rep in enumerate(self.replicas):
-            held = bool(rep.scheduler.kv.blocks_of(r))
+        for i in range(len(self.replicas)):
+            held = bool(self._importer(i).kv.blocks_of(r))
             assert held == (i in where), f"request {r.request_id}: blocks on replica {i}: {held}"

@@ -96,6 +96,15 @@ class Replica:
         self.imported += 1
         self._predict(request)
 
+    def refuse_import(self, request: Request) -> None:
+        """``request``, placed here, was refused after all (a placement on reported free
+        blocks that did not fit when it came, ``horizon.cluster.reported_imports``)."""
+        self.imported -= 1
+        got = self._pred.pop(request.request_id, None)
+        if got is not None:
+            self._pred_sum -= got[0]
+            self._prompt_sum -= got[1]
+
     def leave(self, request: Request) -> None:
         """``request`` was handed off to another replica."""
         self._leave(request)
