@@ -245,7 +245,8 @@ def serve_run(
     cfg = engine.config
     eos = frozenset(engine.model.config.eos_token_ids)
     inner = EngineBackend(engine.runner, sched, clock, cfg.pipelined, eos, cfg.stop)
-    backend = ObservedBackend(inner, clock, step_reporter(index, replica, outbox.put_nowait))
+    over = agent.step_over if agent is not None and spec.role == "prefill" else None
+    backend = ObservedBackend(inner, clock, step_reporter(index, replica, outbox.put_nowait, over))
     end = math.inf if cmd.max_time is None else cmd.max_time
     gc_was_enabled = gc.isenabled()
     gc.disable()  # a collection pause would land in some step's measured time
@@ -281,9 +282,13 @@ def _finish(index, spec, engine, replica, arrivals, agent, clock, outbox, stalle
 
 
 def step_reporter(
-    index: int, replica: Replica, send: Callable[[tuple], None]
+    index: int,
+    replica: Replica,
+    send: Callable[[tuple], None],
+    over: Callable[[StepPlan, float], None] | None = None,
 ) -> Callable[[StepPlan, StepResult, float], None]:
-    """The ``ObservedBackend`` observer: the replica's bookkeeping, then one report a step."""
+    """The ``ObservedBackend`` observer: the replica's bookkeeping, then one report a step,
+    then ``over(plan, end)`` (a prefill replica's agent reports the step's handoffs)."""
     pool = replica.scheduler.pool
 
     def on_step(plan: StepPlan, result: StepResult, end: float) -> None:
@@ -294,6 +299,8 @@ def step_reporter(
         finished = [r.request_id for r in result.finished]
         rejected = [r.request_id for r, _ in plan.rejected]
         send(("step", index, tuple(replica.snapshot(end)), events, finished, rejected, end))
+        if over is not None:
+            over(plan, end)
 
     return on_step
 

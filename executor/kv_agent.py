@@ -3,9 +3,12 @@
 The driver (``executor.cluster_handoffs``) places handoffs; the workers move the KV. A
 ``KVAgent`` lives in every worker of a disaggregated run, beside its scheduler:
 
-* **prefill replica:** after every step's update, ``collect`` takes the scheduler's new handoffs
-  and reports each (request id, tokens computed, its block ids, the time its KV was ready) to
-  the driver; ``release`` (the driver's word that the KV has been copied) frees the blocks.
+* **prefill replica:** after every step's update, ``collect`` takes the scheduler's new handoffs;
+  each is reported to the driver (request id, tokens computed, its block ids, the time its KV
+  was ready) once the step that computed it is over (``step_over``, the step observer's call): a
+  pipelined loop updates a step when it submits it, and a decode worker must not copy KV that
+  the GPU is still writing. ``release`` (the driver's word that the KV has been copied) frees
+  the blocks.
 * **decode replica:** ``take_import`` (at a step boundary, the scheduler's thread) reserves the
   request's blocks if they fit (``Scheduler.can_import``; otherwise it answers "refused" and
   the driver places the request again), copies the prefill replica's blocks into them with
@@ -26,12 +29,14 @@ cluster's ``check_integrity`` see exactly that.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from typing import Any
 
 from executor.kv_copy import copy_blocks
 from horizon.cluster import Replica
+from horizon.plan import StepPlan
 from horizon.request import Request, RequestStatus
 from horizon.scheduler import Scheduler
 
@@ -71,22 +76,41 @@ class KVAgent:
         self.peers = peers
         self.forget, self.send, self.now = forget, send, now
         self.handed: dict[int, Request] = {}  # prefill: handed off, blocks held until release
+        self.unready: list[tuple[int, Request, float]] = []  # (step, request, update time)
+        self.last_over = -1  # the latest step known to be over
         self.copy_s = 0.0
 
     # -- prefill replica -------------------------------------------------------------------------
     def collect(self) -> None:
-        """After a step's update: report the requests the scheduler handed off."""
+        """After a step's update: take the requests the scheduler handed off (they leave the
+        replica and the runner; their blocks stay held), reported once their step is over."""
         got = self.sched.take_handoffs()
         if not got:
             return
-        rows = []
+        step = self.sched.clock.step - 1  # the step whose update handed them off
         for r, ready in got:
             self.handed[r.request_id] = r
             self.replica.leave(r)
             self.forget(r)
-            blocks = tuple(self.sched.kv.blocks_of(r))
-            rows.append((r.request_id, r.num_computed_tokens, blocks, ready))
-        self.send(("handoffs", self.index, rows))
+            self.unready.append((step, r, ready))
+        self._report(-math.inf)
+
+    def step_over(self, plan: StepPlan, end: float) -> None:
+        """Step ``plan`` is over at ``end`` (the step observer): report its handoffs."""
+        self.last_over = max(self.last_over, plan.step)
+        if self.unready:
+            self._report(end)
+
+    def _report(self, end: float) -> None:
+        """Report the handoffs whose step is over (ready: their update's time, or ``end``
+        where the step ended after it)."""
+        over = self.last_over
+        rows = [(r.request_id, r.num_computed_tokens, tuple(self.sched.kv.blocks_of(r)),
+                 max(ready, end) if step == over else ready)
+                for step, r, ready in self.unready if step <= over]  # fmt: skip
+        if rows:
+            self.unready = [u for u in self.unready if u[0] > over]
+            self.send(("handoffs", self.index, rows))
 
     def release(self, rid: int) -> None:
         """The request's KV was copied to its decode replica: free its blocks here."""
@@ -126,3 +150,4 @@ class KVAgent:
         """Every request handed off and not released still holds its blocks here."""
         for rid, r in self.handed.items():
             assert self.sched.kv.blocks_of(r), f"handed-off request {rid} holds no blocks"
+        assert all(u[1].request_id in self.handed for u in self.unready), "unready not held"

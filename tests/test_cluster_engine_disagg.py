@@ -195,3 +195,38 @@ def test_a_stopped_prefill_worker_takes_releases_until_close():
     arrivals.until_close()
     assert agent.released == [3, 5]
     assert inbox.empty()
+
+
+def test_a_prefill_agent_reports_a_handoff_only_once_its_step_is_over():
+    """A pipelined loop updates step N+1 (handing its requests off) when it submits it, while
+    the GPU still writes their KV: the agent reports them at N+1's end, not at the update."""
+    from types import SimpleNamespace
+
+    from executor.kv_agent import KVAgent
+
+    sent: list[tuple] = []
+    new: list[tuple[Request, float]] = []
+    r = Request(7, 0.0, 9, 4, 3)
+    r.set_computed(8)
+    sched = SimpleNamespace(take_handoffs=lambda: [new.pop() for _ in list(new)],
+                            kv=SimpleNamespace(blocks_of=lambda q: (3, 4)),
+                            clock=SimpleNamespace(step=0))  # fmt: skip
+    replica = SimpleNamespace(scheduler=sched, leave=lambda q: None)
+    agent = KVAgent(0, "prefill", replica, None, {}, lambda q: None, sent.append, lambda: 0.0)
+    step = lambda n: SimpleNamespace(step=n)  # noqa: E731
+    agent.step_over(step(0), 0.010)  # step 0 is over; step 1 was submitted and updated:
+    new.append((r, 0.004))
+    sched.clock.step = 2
+    agent.collect()
+    assert not sent and agent.handed == {7: r}  # step 1 still runs
+    agent.check_integrity()
+    agent.step_over(step(1), 0.021)
+    assert sent == [("handoffs", 0, [(7, 8, (3, 4), 0.021)])]  # ready: step 1's end
+    # serially a step's end is known before its update: reported at once, at the update's time
+    r2 = Request(8, 0.0, 9, 4, 3)
+    r2.set_computed(8)
+    agent.step_over(step(2), 0.030)
+    new.append((r2, 0.030))
+    sched.clock.step = 3
+    agent.collect()
+    assert sent[-1] == ("handoffs", 0, [(8, 8, (3, 4), 0.030)]) and not agent.unready
