@@ -6,6 +6,7 @@
         --manifest gpu_inputs/pd/$side/cluster_manifest.json --out ENGINE/$side; done
     python -m experiments.pd_fidelity compare ENGINE [--out results/pd_fidelity]
     python -m experiments.pd_fidelity colocated     # + variant (d), from the committed table
+    python -m experiments.pd_fidelity reported      # + the engine driver's placement, likewise
 
 Cases: ShareGPT first turns (held-out half), Poisson at 2 loads x 3 seeds, on two Qwen2.5-0.5B
 shape replicas (seeded random weights, 2,000 KV blocks each, fcfs) co-located on one GPU:
@@ -41,7 +42,8 @@ SEEDS = (0, 1, 2)
 REQUESTS = 1500
 SLO_TTFT, SLO_ITL = 0.25, 0.01
 SIDES = {"pd": ("prefill", "decode"), "mixed": ("mixed", "mixed")}
-VARIANTS = ("isolated", "shared", "colocated")  # colocated: ``add_colocated``, variant (d)
+# colocated: ``add_colocated``, variant (d); reported: ``add_reported`` (P/D rows only)
+VARIANTS = ("isolated", "shared", "colocated", "reported")
 
 
 def case_name(load: float, seed: int) -> str:
@@ -94,9 +96,10 @@ def fit_link(engine_root: Path):  # noqa: ANN201 - simulator.kv_link.LinkSpec
     return LinkSpec.fit("same_gpu_ipc", nbytes, secs, f"{engine_root}: the engine's own copies")
 
 
-def simulate(side: str, requests, link, device, cost_model=None):  # noqa: ANN001, ANN201
+def simulate(side: str, requests, link, device, cost_model=None, placement="live"):  # noqa: ANN001, ANN201
     """A case on the simulator; ``device``: None (a GPU each), a name (shared, FCFS) or a
-    ``DeviceSpec``; ``cost_model``: every replica's, instead of the one-replica engine fit."""
+    ``DeviceSpec``; ``cost_model``: every replica's, instead of the one-replica engine fit;
+    ``placement``: the handoffs' (``simulator.reported_placement``)."""
     from dataclasses import replace
 
     from experiments.cluster_setup import ReplicaSpec, simulate_cluster
@@ -116,6 +119,7 @@ def simulate(side: str, requests, link, device, cost_model=None):  # noqa: ANN00
         requests,
         decode_router=make_router("least_kv") if pd else None,
         kv_link=link if pd else None,
+        placement=placement,
     )
 
 
@@ -223,6 +227,32 @@ def add_colocated(table: Path, fold: str = "all") -> dict:
     return doc
 
 
+def add_reported(table: Path) -> dict:
+    """The P/D cases of the committed ``pd_fidelity.json`` with handoffs placed as the
+    engine's driver places them (``placement="reported"``: on the decode replica's latest
+    step-end free blocks, taken or refused at its next step boundary), both replicas on one
+    GPU, steps serialized (as ``shared``). Adds the ``reported`` figures to each P/D row and
+    rewrites the summary and ``table.md``; checks the rebuilt requests as ``add_colocated``."""
+    from horizon.workload import load_sharegpt, tokenize_corpus
+    from simulator.kv_link import LinkSpec
+
+    doc = json.loads((table / "pd_fidelity.json").read_text())
+    link = LinkSpec("same_gpu_ipc", doc["link"]["bandwidth_Bps"], doc["link"]["latency_s"])
+    tokenized = tokenize_corpus(load_sharegpt(), REPO / "data" / "cache" / "sharegpt_qwen2.5.npz")
+    for row in doc["rows"]:
+        if row["side"] != "pd":
+            continue
+        requests = case_requests(row["load"], row["seed"], tokenized)
+        again = figures(simulate(row["side"], requests, link, "gpu0"))["goodput"]
+        if again != row["shared"]["goodput"]:  # the requests the engine and the table ran
+            raise ValueError(f"{row['side']} {row['load']:g}/{row['seed']}: requests differ")
+        row["reported"] = figures(simulate("pd", requests, link, "gpu0", placement="reported"))
+    doc["summary"] = summary(doc)
+    _write_doc(doc, table)
+    (table / "table.md").write_text(render(doc["summary"]))
+    return doc
+
+
 def _write_doc(doc: dict, where: Path) -> None:
     """``pd_fidelity.json`` with every float as it is (``add_colocated`` reads its link back as
     an input and checks its goodputs for equality)."""
@@ -301,12 +331,16 @@ def main(argv: list[str] | None = None) -> None:
     a = sub.add_parser("colocated", help="add variant (d) to the committed table")
     a.add_argument("--table", default=str(REPO / "results" / "pd_fidelity"))
     a.add_argument("--fold", default="all")
+    p = sub.add_parser("reported", help="add the engine driver's placement to the committed table")
+    p.add_argument("--table", default=str(REPO / "results" / "pd_fidelity"))
     args = ap.parse_args(argv)
     if args.cmd == "export":
         for p in export(Path(args.out)):
             print(p)
     elif args.cmd == "colocated":
         print(render(add_colocated(Path(args.table), args.fold)["summary"]))
+    elif args.cmd == "reported":
+        print(render(add_reported(Path(args.table))["summary"]))
     else:
         compare(Path(args.engine), Path(args.out))
 
