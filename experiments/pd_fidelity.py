@@ -142,8 +142,9 @@ def figures(rec) -> dict:  # noqa: ANN001 - ClusterRecords
 
 def replica_load(r) -> dict:  # noqa: ANN001 - one replica's RunRecords
     """How full a replica ran: its steps' mean running requests and KV blocks used (over the
-    steps that ran any), the most waiting, its preemptions and the requests preempted."""
-    busy = r.num_running > 0
+    steps that computed any token), the most waiting, its preemptions and the requests
+    preempted there."""
+    busy = (r.prefill_tokens + r.decode_tokens) > 0
     return {
         "steps": int(len(r.step_start)),
         "running_mean": float(r.num_running[busy].mean()) if busy.any() else 0.0,

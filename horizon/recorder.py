@@ -39,6 +39,7 @@ class _Rec:
         "high_water",
         "cached",
         "runs",
+        "preempted",
     )
 
     def __init__(self, req: Request) -> None:
@@ -51,6 +52,7 @@ class _Rec:
         self.high_water = 0  # most tokens ever computed: recompute below this is waste
         self.cached = 0
         self.runs: list[list[int]] = []
+        self.preempted = -1  # handed off: its preemptions here (the request goes on counting)
 
 
 class _Drawn:
@@ -104,7 +106,9 @@ class Recorder:
 
     def hand_off(self, req: Request) -> None:
         """Prefilled here, handed to a decode replica."""
-        self._recs[req.request_id].status = STATUS_HANDED_OFF
+        r = self._recs[req.request_id]
+        r.status = STATUS_HANDED_OFF
+        r.preempted = req.num_preemptions
 
     def compute(self, req: Request, start: int, n: int) -> None:
         """``n`` tokens computed from position ``start`` (a prefill chunk)."""
@@ -361,7 +365,7 @@ def _request_columns(recs: list[_Rec]) -> np.ndarray:
             nan if q.slo is None else q.slo.ttft,
             nan if q.slo is None else q.slo.itl,
             r.admit_time,
-            q.num_preemptions,
+            q.num_preemptions if r.preempted < 0 else r.preempted,
             r.computed,
             r.recomputed,
             r.cached,

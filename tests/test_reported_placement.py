@@ -83,6 +83,10 @@ def test_a_full_decode_replica_refuses_and_is_offered_nothing_until_its_next_ste
     wait = rec.transfers["start"] - rec.transfers["ready"]
     live_wait = live.transfers["start"] - live.transfers["ready"]
     assert wait.mean() > live_wait.mean()  # placing on reports waits longer for blocks
+    pre, dec = rec.replicas
+    assert dec.num_preempted.sum() > 0 and pre.num_preempted.sum() == 0
+    assert pre.num_preemptions.sum() == 0  # a handed-off row counts its own replica's only
+    assert dec.num_preemptions.sum() == dec.num_preempted.sum()
 
 
 def test_the_estimate_counts_unanswered_imports_and_blocks_after_a_refusal():
