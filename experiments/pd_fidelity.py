@@ -15,7 +15,8 @@ tensors through CUDA IPC, ``executor.kv_agent``) and ``mixed`` (two mixed replic
 least-loaded: the baseline in the same GPU session). The simulator runs every case with the
 same requests and routers, each replica's cost model the one-replica engine fit
 (``calibration/h200_qwen2.5-0.5b_online.csv.gz``), twice: each replica on a GPU of its own
-(``isolated``) and both on one GPU, steps serialized (``shared``); the P/D link is fitted to
+(``isolated``) and both on one GPU, steps serialized (``shared``; P/D cases also with the
+engine driver's placement of handoffs, ``reported``); the P/D link is fitted to
 the copies the engine measured in the same runs (``simulator.kv_link.LinkSpec.fit``).
 Writes ``<out>/pd_fidelity.json``: per case and side the figures, the TTFT parts, the link
 and a summary over seeds (``render``: ``<out>/table.md``).
@@ -178,6 +179,10 @@ def compare(engine_root: Path, out: Path) -> dict:
                 }
                 for variant, device in (("isolated", None), ("shared", "gpu0")):
                     row[variant] = figures(simulate(side, requests, link, device))
+                if side == "pd":  # the engine driver's placement (``add_reported``)
+                    row["reported"] = figures(
+                        simulate(side, requests, link, "gpu0", placement="reported")
+                    )
                 rows.append(row)
     doc = {"link": {"bandwidth_Bps": link.bandwidth, "latency_s": link.latency_s},
            "slo": {"ttft": SLO_TTFT, "itl": SLO_ITL}, "rows": rows}  # fmt: skip
