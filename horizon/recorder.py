@@ -161,6 +161,11 @@ class Recorder:
     def finish(self, req: Request) -> None:
         self._recs[req.request_id].status = STATUS_FINISHED
 
+    @property
+    def last_preempted(self) -> int:
+        """Requests the latest recorded step's plan preempted (0 before any step)."""
+        return self._steps[-1][13] if self._steps else 0
+
     def step(
         self,
         start: float,

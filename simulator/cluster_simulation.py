@@ -40,7 +40,7 @@ from simulator.cluster_transfers import TransferDriver
 from simulator.cost_model import CostModel
 from simulator.device_sharing import DeviceSpec
 from simulator.kv_link import LinkSpec
-from simulator.reported_placement import MESSAGE_S
+from simulator.reported_placement import Placement
 from simulator.shared_device import SharedDevice
 from simulator.simulation import SimClock
 
@@ -79,11 +79,11 @@ class ClusterSimulation:
             ``simulator.Simulation``'s, for every replica.
         decode_router, kv_link: for disaggregated replicas, the router that places a
             handed-off request on a decode replica and the link its KV crosses.
-        placement, message_s: how handoffs are placed: ``live`` reserves on the decode
-            scheduler at the step end that freed the blocks; ``reported`` places on each
-            decode replica's latest step-end free blocks and the replica takes the import
-            (or refuses it) at its first step boundary ``message_s`` later, as on the engine
-            (``simulator.reported_placement``).
+        placement: how handoffs are placed: ``live`` reserves on the decode scheduler at the
+            step end that freed the blocks; ``reported`` places on each decode replica's latest
+            step-end free blocks and the replica takes the import (or refuses it) at its first
+            step boundary after the message's delay, as on the engine; a ``Placement`` sets
+            the delays (``simulator.reported_placement``).
         autoscaler, autoscale: an autoscaler over the replicas (the most it may provision)
             and its settings (``simulator.autoscaling``); None: every replica always on. With
             prefill/decode roles, one of each per role (``{"prefill": ..., "decode": ...}``).
@@ -105,8 +105,7 @@ class ClusterSimulation:
         autoscaler=None,  # noqa: ANN001 - horizon.cluster.Autoscaler, or one per role
         autoscale: AutoscaleConfig | dict[str, AutoscaleConfig] | None = None,
         live: bool | None = None,
-        placement: str = "live",
-        message_s: float = MESSAGE_S,
+        placement: str | Placement = "live",
     ) -> None:
         if max_time is not None and not (math.isfinite(max_time) and max_time > 0):
             raise ValueError(f"max_time must be a finite number > 0, got {max_time!r}")
@@ -128,7 +127,7 @@ class ClusterSimulation:
         ]
         self.cluster = Cluster(reps, router, view_delay, now, live, decode_router=decode_router)
         self.inboxes = [Inbox(env, arrivals_at_step_boundaries, r.scheduler) for r in reps]
-        self.transfers = self._transfers(replicas, kv_link, placement, message_s)
+        self.transfers = self._transfers(replicas, kv_link, Placement.of(placement))
         self._prefill_loops = sum(r.role == "prefill" for r in reps)
         self.autoscale = None
         if autoscaler is not None:
@@ -138,7 +137,7 @@ class ClusterSimulation:
         self.backends = [self._backend(s, r, pipelined) for s, r in zip(replicas, reps)]
         self._open_loop_done = False
 
-    def _transfers(self, setups, link, placement: str, message_s: float):  # noqa: ANN001, ANN202
+    def _transfers(self, setups, link, placement: Placement):  # noqa: ANN001, ANN202
         if self.cluster.handoffs is None:
             return None
         if link is None:
@@ -146,7 +145,7 @@ class ClusterSimulation:
         shapes = [s.shape for s in setups]
         inboxes = self.inboxes
         driver = TransferDriver(self.env, self.cluster, shapes, link, self._arrived, placement,
-                                lambda i: inboxes[i].wake(), message_s)  # fmt: skip
+                                lambda i: inboxes[i].wake())  # fmt: skip
         if driver.reported is not None:
             for r, box in zip(self.cluster.replicas, inboxes):
                 if r.role == "decode":

@@ -21,7 +21,7 @@ from horizon.cluster import Cluster
 from horizon.cluster.handoffs import Handoffs, Transfer
 from horizon.model_shape import ModelShape
 from simulator.kv_link import Fabric, LinkSpec, later, soon
-from simulator.reported_placement import PLACEMENTS, ReportedPlacement
+from simulator.reported_placement import Placement, ReportedPlacement
 
 
 class TransferDriver:
@@ -34,9 +34,8 @@ class TransferDriver:
         link: the KV link between replicas.
         arrived: ``arrived(transfer)`` once a transfer's KV is in (the driver admits it).
         placement: ``live`` (reserve on the decode scheduler at once) or ``reported`` (as
-            the engine's driver places; ``wake`` and ``message_s`` are then used).
+            the engine's driver places; ``wake`` is then used), or a ``Placement``.
         wake: ``wake(index)`` wakes a decode replica's sleeping loop (reported placement).
-        message_s: seconds from a placement to the import's arrival (reported placement).
     """
 
     def __init__(
@@ -46,14 +45,11 @@ class TransferDriver:
         shapes: Sequence[ModelShape | None],
         link: LinkSpec,
         arrived: Callable[[Transfer], None],
-        placement: str = "live",
+        placement: str | Placement = "live",
         wake: Callable[[int], None] | None = None,
-        message_s: float = 0.0,
     ) -> None:
         assert cluster.handoffs is not None
-        if placement not in PLACEMENTS:
-            raise ValueError(f"ClusterSimulation.placement must be one of {PLACEMENTS}, got "
-                             f"{placement!r}")  # fmt: skip
+        timing = Placement.of(placement)
         for r, shape in zip(cluster.replicas, shapes):
             if r.role == "prefill" and shape is None:
                 raise ValueError(f"ReplicaSetup.shape is needed on prefill replica {r.index}")
@@ -65,9 +61,9 @@ class TransferDriver:
         self.arrived = arrived
         self._batch: list[Transfer] | None = None  # placed now, to begin once the placer yields
         self.reported: ReportedPlacement | None = None
-        if placement == "reported":
+        if timing.kind == "reported":
             assert wake is not None
-            self.reported = ReportedPlacement(env, self.handoffs, cluster.replicas, message_s,
+            self.reported = ReportedPlacement(env, self.handoffs, cluster.replicas, timing,
                                               self._begin, wake)  # fmt: skip
 
     def after_update(self, index: int) -> Callable[[], None] | None:

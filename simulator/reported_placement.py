@@ -10,12 +10,22 @@ nothing until its next step end. Meanwhile the worker's own plans keep taking bl
 running requests grow, its preempted ones come back), which the default ``"live"`` placement
 never lets them do first: it reserves on the decode scheduler itself, at the step end that
 freed the blocks.
+
+A plan that preempts first retires the engine's step in flight (``EngineBackend.drains_before``),
+so that step's report goes out before the plan is submitted, and the worker's next boundary
+comes only after the plan's host work: an import placed on that report is there at the next
+boundary if the driver's round trip (``message_s``) is shorter than that host work
+(``drain_s``). The simulator's host takes no time, so ``drain_s`` says it: on the CPU, where
+a step runs inside its submission, it is the step's own time; on a GPU the submission's host
+work (``Placement``).
 """
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import simpy
 
@@ -30,6 +40,31 @@ PLACEMENTS = ("live", "reported")
 # A placement's two queue hops on the engine (a step report to the driver, its import to the
 # worker): the driver routes an arrival within 0.08-0.10 ms (p50, one hop; BENCHMARKS.md).
 MESSAGE_S = 0.0002
+
+
+@dataclass(frozen=True)
+class Placement:
+    """How a disaggregated cluster's handoffs are placed (module docstring): ``kind``
+    ``live`` or ``reported``; for ``reported``, ``message_s`` (a placement to its import's
+    arrival at the decode replica) and ``drain_s`` (a preempting plan's host work on the
+    engine, from the report it sends first to the next step boundary)."""
+
+    kind: str = "live"
+    message_s: float = MESSAGE_S
+    drain_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.kind not in PLACEMENTS:
+            raise ValueError(f"ClusterSimulation.placement must be one of {PLACEMENTS}, got "
+                             f"{self.kind!r}")  # fmt: skip
+        for name in ("message_s", "drain_s"):
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
+                raise ValueError(f"Placement.{name} must be a finite number >= 0, got {v!r}")
+
+    @classmethod
+    def of(cls, placement: str | Placement) -> Placement:
+        return placement if isinstance(placement, Placement) else cls(placement)
 
 
 class _LocalBlocks(HeldBlocks):
@@ -71,7 +106,7 @@ class ReportedPlacement:
         env: the run's SimPy environment.
         handoffs: the cluster's handoffs (placed through this object's stand-ins from now on).
         replicas: the cluster's replicas.
-        message_s: seconds from a placement to the import's arrival at its decode replica.
+        timing: its ``message_s`` and ``drain_s`` (``Placement``).
         begin: starts the KV transfers of imports taken (their ``start`` is set).
         wake: ``wake(index)`` wakes decode replica ``index``'s loop if it sleeps.
     """
@@ -81,30 +116,37 @@ class ReportedPlacement:
         env: simpy.Environment,
         handoffs: Handoffs,
         replicas: Sequence[Replica],
-        message_s: float,
+        timing: Placement,
         begin: Callable[[list[Transfer]], None],
         wake: Callable[[int], None],
     ) -> None:
-        if not (isinstance(message_s, (int, float)) and message_s >= 0):
-            raise ValueError(f"ClusterSimulation.message_s must be >= 0, got {message_s!r}")
         self.env, self.handoffs, self.replicas = env, handoffs, tuple(replicas)
-        self.message_s = float(message_s)
+        self.message_s = float(timing.message_s)
+        self.after_drain_s = max(timing.message_s - timing.drain_s, 0.0)
         self.begin, self.wake = begin, wake
         self.imports = {r.index: LocalImports(r.scheduler) for r in replicas if r.role == "decode"}
         self.offers: dict[int, deque[tuple[float, Transfer]]] = {i: deque() for i in self.imports}
         self.refusals = 0
+        self._drained: tuple[int, float] | None = None  # (replica, time) of a drained report
         handoffs.place_through(self.imports)
 
     def reported(self, index: int) -> None:
-        """Decode replica ``index`` ended a step: its report."""
+        """Decode replica ``index`` ended a step: its report (sent before its latest plan if
+        that plan preempted: module docstring)."""
         self.imports[index].reported()
+        drained = self.replicas[index].scheduler.recorder.last_preempted > 0
+        self._drained = (index, self.env.now) if drained else None
 
     def sent(self, transfers: list[Transfer]) -> None:
-        """Placed now: each import reaches its replica ``message_s`` from now."""
-        due = self.env.now + self.message_s
+        """Placed now: each import reaches its replica ``message_s`` from now, or, placed on
+        a drained report, ``message_s - drain_s`` after the replica's next boundary (now)."""
+        now, drained = self.env.now, self._drained
         for t in transfers:
-            self.offers[t.dst].append((due, t))
-            later(self.env, self.message_s, lambda _ev, d=t.dst: self.wake(d))
+            delay = self.message_s
+            if drained is not None and drained == (t.dst, now):
+                delay = self.after_drain_s
+            self.offers[t.dst].append((now + delay, t))
+            later(self.env, delay, lambda _ev, d=t.dst: self.wake(d))
 
     def due(self, index: int, now: float) -> bool:
         q = self.offers.get(index)

@@ -59,6 +59,8 @@ def test_handoffs_decode_the_same_tokens_as_one_engine(pd):
     assert np.all(t["num_tokens"] == [reqs[i].num_prompt_tokens - 1 for i in t["request_id"]])
     assert np.all((t["ready"] <= t["start"]) & (t["start"] <= t["end"]))
     assert np.isin(t["ready"], rec.replicas[0].step_end).all()  # KV ready: its step's end
+    assert np.all((t["ready"] <= t["placed"]) & (t["placed"] <= t["start"]))
+    assert np.all(t["refusals"] >= 0)
     assert np.all((t["copy_s"] > 0) & (t["copy_s"] <= t["end"] - t["start"] + 1e-9))
     parts = ttft_parts(rec)
     for k in ("queueing", "prefill", "kv_wait", "transfer"):

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from sched_driver import ConstantCost, random_requests
 from test_disaggregation import SHAPE, _run, check_run
 
+from experiments.pd_fidelity import placement_lag
 from horizon.cluster import make_router
 from horizon.cluster.reported_imports import ReportedImports
 from horizon.policies import make_policy
@@ -20,7 +21,7 @@ from horizon.request import Request
 from horizon.scheduler_config import SchedulerConfig
 from simulator.cluster_simulation import ClusterSimulation, ReplicaSetup
 from simulator.kv_link import LINKS
-from simulator.reported_placement import MESSAGE_S
+from simulator.reported_placement import MESSAGE_S, Placement
 
 
 def test_random_clusters_placed_on_reports_keep_every_invariant(scale):
@@ -53,7 +54,7 @@ def test_the_same_seed_gives_byte_identical_records():
     assert _run(11, 2, 2, 0, True, True)[2].digest() not in digests  # live placement differs
 
 
-def _tight(placement: str):  # noqa: ANN202
+def _tight(placement: str | Placement):  # noqa: ANN202
     reqs = random_requests(random.Random(5), 200, max_prompt=200, max_output=60, rate=300.0)
     big = SchedulerConfig(num_blocks=400, block_size=16, max_num_seqs=16,
                           max_num_batched_tokens=512, max_model_len=8192)  # fmt: skip
@@ -83,10 +84,26 @@ def test_a_full_decode_replica_refuses_and_is_offered_nothing_until_its_next_ste
     wait = rec.transfers["start"] - rec.transfers["ready"]
     live_wait = live.transfers["start"] - live.transfers["ready"]
     assert wait.mean() > live_wait.mean()  # placing on reports waits longer for blocks
+    lag, live_lag = placement_lag(rec), placement_lag(live)
+    assert lag["refusals"] == placement.refusals and live_lag["refusals"] == 0
+    assert lag["steps_between"] > 0.5 > 0.2 > live_lag["steps_between"]  # a plan came first
+    assert np.all(rec.transfers["placed"] <= rec.transfers["start"])
     pre, dec = rec.replicas
     assert dec.num_preempted.sum() > 0 and pre.num_preempted.sum() == 0
     assert pre.num_preemptions.sum() == 0  # a handed-off row counts its own replica's only
     assert dec.num_preemptions.sum() == dec.num_preempted.sum()
+
+
+def test_an_import_placed_on_a_drained_report_is_taken_at_the_next_boundary():
+    """A preempting plan drains the engine's pipeline, so its step's report precedes the
+    plan's host work: with that work (``drain_s``) longer than the message, imports placed on
+    such reports are there at the next boundary, before another plan takes the blocks."""
+    _, sim, rec = _tight("reported")
+    _, fast_sim, fast = _tight(Placement("reported", drain_s=1e-3))
+    assert rec.replicas[1].num_preempted.sum() > 0  # there are drained reports
+    assert fast_sim.transfers.reported.refusals < sim.transfers.reported.refusals
+    wait = fast.transfers["start"] - fast.transfers["ready"]
+    assert (wait >= 0).all()
 
 
 def test_the_estimate_counts_unanswered_imports_and_blocks_after_a_refusal():
@@ -119,10 +136,10 @@ def test_bad_placement_settings_raise_errors_that_name_the_field():
         ClusterSimulation(reqs, _pd_setups(), make_router("round_robin"),
                           decode_router=make_router("least_kv"), kv_link=LINKS["nvlink"],
                           placement="instant")  # fmt: skip
-    with pytest.raises(ValueError, match="ClusterSimulation.message_s"):
-        ClusterSimulation(reqs, _pd_setups(), make_router("round_robin"),
-                          decode_router=make_router("least_kv"), kv_link=LINKS["nvlink"],
-                          placement="reported", message_s=-1.0)  # fmt: skip
+    with pytest.raises(ValueError, match="Placement.message_s"):
+        Placement("reported", message_s=-1.0)
+    with pytest.raises(ValueError, match="Placement.drain_s"):
+        Placement("reported", drain_s=float("nan"))
 
 
 def _pd_setups() -> list[ReplicaSetup]:

@@ -41,8 +41,10 @@ ROLES = ("mixed", "prefill", "decode")
 @dataclass(slots=True, eq=False)
 class Transfer:
     """One request's KV moving from replica ``src`` to ``dst``: ``num_tokens`` tokens in
-    ``num_blocks`` blocks; handed off (KV ready) at ``ready``, placed (blocks reserved on
-    ``dst``, transfer started) at ``start``, arrived at ``end`` (NaN while in flight)."""
+    ``num_blocks`` blocks; handed off (KV ready) at ``ready``, blocks reserved on ``dst`` and
+    transfer started at ``start``, arrived at ``end`` (NaN while in flight); ``placed``: when
+    ``place`` chose ``dst`` (a driver that places on reports: before ``start``, which the
+    target sets), after ``refusals`` refused placements of the request."""
 
     request: Request
     src: int
@@ -52,9 +54,13 @@ class Transfer:
     ready: float
     start: float
     end: float = math.nan
+    placed: float = math.nan
+    refusals: int = 0
 
 
-TRANSFER_COLUMNS = ("request_id", "src", "dst", "num_tokens", "num_blocks", "ready", "start", "end")
+TRANSFER_COLUMNS = ("request_id", "src", "dst", "num_tokens", "num_blocks", "ready", "start",
+                    "end", "placed", "refusals")  # fmt: skip
+INT_COLUMNS = ("request_id", "src", "dst", "num_tokens", "num_blocks", "refusals")
 
 
 class Handoffs:
@@ -80,6 +86,7 @@ class Handoffs:
         self.pending: list[tuple[Request, int, float]] = []  # (request, src, ready)
         self.in_flight: dict[int, Transfer] = {}
         self.done: list[Transfer] = []
+        self._refusals: dict[int, int] = {}  # pending request id -> its refused placements
         self.route_wall_s = 0.0
 
     def _offer(self) -> None:
@@ -154,7 +161,8 @@ class Handoffs:
         sched.reserve_import(r)
         self.replicas[dst].accept_import(r)
         n = r.num_computed_tokens
-        t = Transfer(r, src, dst, n, -(-n // sched.pool.block_size), ready, max(now, ready))
+        t = Transfer(r, src, dst, n, -(-n // sched.pool.block_size), ready, max(now, ready),
+                     placed=now, refusals=self._refusals.pop(r.request_id, 0))  # fmt: skip
         self.in_flight[r.request_id] = t
         return t
 
@@ -169,7 +177,9 @@ class Handoffs:
     def refused(self, t: Transfer) -> None:
         """``t``'s target could not reserve the blocks after all (an engine driver places on
         reported free blocks; the replica decides): ``t`` is pending again, in ready order."""
-        del self.in_flight[t.request.request_id]
+        rid = t.request.request_id
+        del self.in_flight[rid]
+        self._refusals[rid] = t.refusals + 1
         self.pending.append((t.request, t.src, t.ready))
         self.pending.sort(key=lambda p: p[2])
 
@@ -182,12 +192,12 @@ class Handoffs:
         ts = self.done + list(self.in_flight.values())
         rows = [
             (t.request.request_id, t.src, t.dst, t.num_tokens, t.num_blocks)
-            + (t.ready, t.start, t.end)
+            + (t.ready, t.start, t.end, t.placed, t.refusals)
             for t in ts
         ]
         a = np.array(rows, dtype=np.float64).reshape(-1, len(TRANSFER_COLUMNS))
         out = {c: a[:, i] for i, c in enumerate(TRANSFER_COLUMNS)}
-        for c in ("request_id", "src", "dst", "num_tokens", "num_blocks"):
+        for c in INT_COLUMNS:
             out[c] = out[c].astype(np.int64)
         return out
 
@@ -202,6 +212,7 @@ class Handoffs:
             assert math.isnan(t.end), "a transfer in flight has an end"
         for t in self.done:
             assert not self.replicas[t.src].scheduler.kv.blocks_of(t.request), "not freed"
+        assert self._refusals.keys() <= {r.request_id for r, _, _ in self.pending}, "refusals"
 
     def _held_only_on(self, r: Request, where: set[int]) -> None:
         for i in range(len(self.replicas)):
