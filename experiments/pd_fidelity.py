@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import subprocess
 from pathlib import Path
 
@@ -138,7 +139,29 @@ def figures(rec) -> dict:  # noqa: ANN001 - ClusterRecords
         out["ttft_parts"] = ttft_breakdown(rec)
         if "copy_s" in rec.transfers:
             out["copy_mean"] = float(np.nanmean(rec.transfers["copy_s"]))
+        if "placed" in rec.transfers:
+            out["placement"] = placement_lag(rec)
     return out
+
+
+def placement_lag(rec) -> dict:  # noqa: ANN001 - ClusterRecords of a P/D run
+    """How handoffs were taken: refused placements, and from a transfer's last placement to
+    its start (the target reserving the blocks) the mean seconds and the mean number of the
+    target's steps that ended meanwhile (0: taken at the target's next boundary, before it
+    planned again; 1: after one more plan of its own). Step ends, not starts: a plan's
+    recorded start is the clock reading before the boundary's admissions, on both backends."""
+    t = rec.transfers
+    ok = np.isfinite(t["start"]) & np.isfinite(t["placed"])
+    ends = [rec.replicas[d].step_end for d in range(rec.num_replicas)]
+    ended = [
+        np.searchsorted(ends[d], s, "right") - np.searchsorted(ends[d], p, "right")
+        for d, p, s in zip(t["dst"][ok], t["placed"][ok], t["start"][ok])
+    ]
+    return {
+        "refusals": int(t["refusals"].sum()),
+        "lag_mean": float(np.mean(t["start"][ok] - t["placed"][ok])) if ok.any() else math.nan,
+        "steps_between": float(np.mean(ended)) if ended else math.nan,
+    }
 
 
 def replica_load(r) -> dict:  # noqa: ANN001 - one replica's RunRecords
