@@ -1,6 +1,6 @@
 """The cluster simulator against co-located engine replicas on one GPU.
 
-    python -m experiments.cluster_fidelity export [--out gpu_inputs/cluster]
+    python -m experiments.cluster_fidelity export [--out gpu_inputs/cluster] [--alone]
     # on the GPU machine, per replica count N:
     python -m experiments.cluster_engine_replay \
         --manifest gpu_inputs/cluster/n<N>/cluster_manifest.json --out ENGINE/n<N>
@@ -67,6 +67,11 @@ LOADS = {  # around each knee: 4 co-located replicas share the GPU that 2 share
     2: {"shared_prefix": (20.0, 30.0, 40.0), "sessions": (10.0, 18.0, 26.0)},
     4: {"shared_prefix": (10.0, 15.0, 20.0), "sessions": (10.0, 18.0, 26.0)},
 }
+# One replica alone on the GPU (``export --alone``), at the co-located cases' loads per
+# replica: the one-replica price of these workloads' steps (chunks over cached prefixes, long
+# session histories), which the isolated model's calibration does not cover. ``tabulate``
+# keeps these cases apart (``engine_alone.json``); ``compare`` does not read them.
+ALONE = {1: {"shared_prefix": (20.0, 40.0), "sessions": (5.0, 10.0)}}
 
 
 @dataclass(frozen=True)
@@ -84,9 +89,10 @@ class CaseKey:
 
 def case_keys(n: int, loads: dict | None = None) -> list[CaseKey]:
     keys = []
-    for workload, grid in (loads or LOADS[n]).items():
+    routers = ROUTERS if n > 1 else ROUTERS[:1]  # one replica: every router is the same
+    for workload, grid in (loads or {**LOADS, **ALONE}[n]).items():
         for load in grid:
-            keys.extend(CaseKey(n, workload, load, r) for r in ROUTERS)
+            keys.extend(CaseKey(n, workload, load, r) for r in routers)
         keys.append(CaseKey(n, workload, grid[len(grid) // 2], "round_robin", True))
     return keys
 
@@ -120,8 +126,9 @@ def workload_of(key: CaseKey, tokenized) -> tuple[tuple, tuple]:  # noqa: ANN001
     return (), build_sessions(cfg, tokenized)
 
 
-def export(out: Path) -> list[Path]:
-    """Requests/sessions files and one cluster manifest per replica count under ``out``."""
+def export(out: Path, alone: bool = False) -> list[Path]:
+    """Requests/sessions files and one cluster manifest per replica count under ``out``
+    (``alone``: also the one-replica cases, ``ALONE``)."""
     from experiments.cluster_manifest import ClusterCase, ClusterManifest, ReplicaEntry, RouterSpec
     from horizon.workload import load_sharegpt, tokenize_corpus
     from horizon.workload.requests_file import save_requests
@@ -132,11 +139,11 @@ def export(out: Path) -> list[Path]:
         ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True
     ).stdout.strip()
     written = []
-    for n in LOADS:
+    for n, loads in {**LOADS, **(ALONE if alone else {})}.items():
         d = out / f"n{n}"
         d.mkdir(parents=True, exist_ok=True)
         cases = []
-        for key in case_keys(n):
+        for key in case_keys(n, loads):
             requests, sessions = workload_of(key, tokenized)
             file = f"{key.workload}_{key.load:g}.json.xz"
             if not (d / file).exists():
@@ -517,17 +524,18 @@ META = ("gpu", "date", "commit", "torch", "triton", "wall_s", "route_lag")
 def tabulate(engine_root: Path, out: Path) -> Path:
     """The engine's cases under ``engine_root/n<N>/<case>/`` as one sweep's tables in ``out``:
     ``steps_n<N>_<workload>.csv.xz`` (every replica's step rows, the calibration format) and
-    ``engine_cases.json`` (each case's figures, its workload's fingerprint and its meta)."""
+    ``engine_cases.json`` (each case's figures, its workload's fingerprint and its meta; the
+    one-replica cases of ``ALONE``, if run, in ``engine_alone.json``)."""
     from simulator.engine_cost_model import rows_of, write_steps
 
-    cases, steps = [], {}
+    cases, alone, steps = [], [], {}
     for nd in sorted(engine_root.glob("n*")):
         n = int(nd.name[1:])
         for cd in sorted(p for p in nd.iterdir() if (p / "meta.json").exists()):
             key = parse_case(n, cd.name)
             rec, meta = load_engine_case(cd)
             steps.setdefault((n, key.workload), []).extend(rec.replicas)
-            cases.append(
+            (cases if n in LOADS else alone).append(
                 {
                     "n": n,
                     "case": key.name,
@@ -548,6 +556,8 @@ def tabulate(engine_root: Path, out: Path) -> Path:
             },
         )
     (out / "engine_cases.json").write_text(json.dumps(cases, separators=(",", ":")) + "\n")
+    if alone:
+        (out / "engine_alone.json").write_text(json.dumps(alone, separators=(",", ":")) + "\n")
     return out / "engine_cases.json"
 
 
@@ -829,6 +839,7 @@ def main(argv: list[str] | None = None) -> None:
     sub = ap.add_subparsers(dest="cmd", required=True)
     e = sub.add_parser("export")
     e.add_argument("--out", default=str(REPO / "gpu_inputs" / "cluster"))
+    e.add_argument("--alone", action="store_true", help="also one replica alone (ALONE)")
     t = sub.add_parser("tabulate")
     t.add_argument("engine", help="directory of n<N>/<case>/ engine results (the GPU's output)")
     t.add_argument("--out", default=str(REPO / "results" / "cluster_fidelity"))
@@ -846,7 +857,7 @@ def main(argv: list[str] | None = None) -> None:
     c.add_argument("--seed", type=int, default=0, help="variant (d)'s slice-count draws")
     args = ap.parse_args(argv)
     if args.cmd == "export":
-        for p in export(Path(args.out)):
+        for p in export(Path(args.out), args.alone):
             print(p)
         return
     if args.cmd == "tabulate":

@@ -44,6 +44,9 @@ def test_fidelity_case_names_round_trip():
     )
     with pytest.raises(ValueError, match="not <workload>"):
         parse_case(2, "nonsense")
+    alone = case_keys(1)  # one replica alone: one router, each workload's middle load twice
+    assert {k.router for k in alone} == {"round_robin"} and sum(k.repeat for k in alone) == 2
+    assert all(parse_case(1, k.name) == k for k in alone)
 
 
 def test_the_round_robin_variant_chooses_its_slice_without_the_judged_load():

@@ -1,6 +1,7 @@
 #!/bin/bash
 # Co-located engine replicas for the cluster fidelity comparison: bash docs/notes/run_cluster.sh N [CASE...]
-# Inputs: python -m experiments.cluster_fidelity export (gpu_inputs/cluster/n<N>/).
+# Inputs: python -m experiments.cluster_fidelity export [--alone] (gpu_inputs/cluster/n<N>/;
+# --alone adds n1: one replica alone at the co-located cases' loads per replica, N=1).
 # Packs /tmp/ceng into one file (the device returns at most 8), whatever finished in time.
 N=$1; shift
 mkdir -p /tmp/ceng
