@@ -147,3 +147,31 @@ def _pd_setups() -> list[ReplicaSetup]:
                           max_num_batched_tokens=64, max_model_len=1024)  # fmt: skip
     return [ReplicaSetup(cfg, make_policy("fcfs"), ConstantCost(0.01), SHAPE, role=role)
             for role in ("prefill", "decode")]  # fmt: skip
+
+
+def test_an_autoscaled_cluster_placed_on_reports_loses_nothing():
+    """Decode replicas start and drain while imports are offered to them on reports."""
+    from test_autoscaling_disagg import CFG, _requests
+
+    from horizon.cluster import make_autoscaler
+    from horizon.metrics.records import STATUS_FINISHED
+    from horizon.workload.builder import fresh_copy
+    from simulator.autoscaling import AutoscaleConfig
+
+    reqs = _requests(3)
+    scalers = {"prefill": make_autoscaler("predictive", per_replica_capacity=8.0),
+               "decode": make_autoscaler("reactive")}  # fmt: skip
+    cfg = {r: AutoscaleConfig(interval_s=5, startup_delay_s=d, initial=1)
+           for r, d in {"prefill": 12.0, "decode": 7.0}.items()}  # fmt: skip
+    setups = [ReplicaSetup(CFG, make_policy("fcfs"), ConstantCost(0.02), SHAPE, role=role)
+              for role in ("prefill", "decode") for _ in range(3)]  # fmt: skip
+    sim = ClusterSimulation([fresh_copy(r) for r in reqs], setups, make_router("least_loaded"),
+                            decode_router=make_router("least_kv"), kv_link=LINKS["nvlink"],
+                            autoscaler=scalers, autoscale=cfg, check_every=1,
+                            placement="reported")  # fmt: skip
+    rec = sim.run()
+    rec.check()
+    merged = rec.merged()
+    assert merged.num_requests == len(reqs) and np.all(merged.status == STATUS_FINISHED)
+    assert sim.transfers.reported.refusals > 0
+    assert len(set(rec.transfers["dst"].tolist())) > 1  # a started decode replica took some
