@@ -219,12 +219,16 @@ def fit(
     model: str,
     grid: np.ndarray | None = None,
     kv_floor: float = 0.0,
+    bucket_min_steps: int = 0,
 ) -> ClockStateCost:
     """The physical model fitted to ``runs`` (each one run's ``STEP_COLUMNS`` rows in the order
     measured) with every step divided by its slowdown, and ``grid`` (the profiler's
-    back-to-back steps) by the slowdown at share 1 (``kv_floor``: as
+    back-to-back steps) by the slowdown at share 1 (``kv_floor``, ``bucket_min_steps``: as
     ``PhysicalCostModel.fit``'s); wrapped in ``ClockStateCost``."""
     parts = [table.deflate(rows) for rows in runs]
     grid = None if grid is None else table.deflate_grid(grid)
-    base = PhysicalCostModel.fit(np.concatenate(parts), model, grid=grid, kv_floor=kv_floor)
+    base = PhysicalCostModel.fit(
+        np.concatenate(parts), model, grid=grid, kv_floor=kv_floor,
+        bucket_min_steps=bucket_min_steps,
+    )  # fmt: skip
     return ClockStateCost(base, table)

@@ -35,7 +35,8 @@ from simulator.physical_cost_model import PhysicalCostModel, grid_path
 FORMAT = "horizon-engine-cost-fit"
 VERSION = 1
 PHYSICAL_FORMAT = "horizon-physical-cost-fit"
-PHYSICAL_VERSION = 4  # 2: the compute side, the grid; 3: the longest walk; 4: floor, clock
+PHYSICAL_VERSION = 5  # 2: the compute side, the grid; 3: the longest walk; 4: floor, clock;
+# 5: the decode buckets' offsets
 
 
 def fit_path(calibration: str | Path) -> Path:
@@ -132,13 +133,15 @@ def load_physical(
     model: str,
     kv_floor: float = 0.0,
     clock: ClockTable | None = None,
+    bucket_min_steps: int = 0,
 ) -> PhysicalCostModel:
-    """``PhysicalCostModel`` fitted to ``calibration`` for the shape ``model`` (``kv_floor``
-    and ``clock``, a table read from its duty-cycle file: as ``PhysicalCostModel.from_file``'s,
+    """``PhysicalCostModel`` fitted to ``calibration`` for the shape ``model`` (``kv_floor``,
+    ``bucket_min_steps`` and ``clock``, a table read from its duty-cycle file: as
+    ``PhysicalCostModel.from_file``'s,
     the clock's slowdown taken out of the steps; the caller wraps the result in a
     ``ClockStateCost``), from its artifact (``physical_fit_path``) if that names this file's
-    bytes, this shape, this floor and the clock file's bytes, else fitted now (and the
-    artifact written).
+    bytes, this shape, this floor, the clock file's bytes and the offsets' rule, else fitted
+    now (and the artifact written).
 
     Raises:
         ValueError: the calibration file is missing or malformed (the message names it).
@@ -155,11 +158,14 @@ def load_physical(
         "model": model,
         "kv_floor": float(kv_floor),
         "clock_sha256": None if clock is None else sha256_of(clock.source),
+        "bucket_min_steps": int(bucket_min_steps),
     }
     artifact = physical_fit_path(calibration)
     found = _read_physical(artifact, key)
     if found is None:
-        found = PhysicalCostModel.from_file(calibration, model, float(kv_floor), clock)
+        found = PhysicalCostModel.from_file(
+            calibration, model, float(kv_floor), clock, int(bucket_min_steps)
+        )
         doc = {
             "format": PHYSICAL_FORMAT,
             "version": PHYSICAL_VERSION,
@@ -167,6 +173,7 @@ def load_physical(
             **key,
             "clock": None if clock is None else Path(clock.source).name,
             "coef": list(found.coef),
+            "decode_offsets": list(found.decode_offsets),
             "kv_bytes_per_token": found.kv_bytes_per_token,
             "tflops": list(found.tflops),
             "buckets": asdict(found.buckets),
@@ -203,4 +210,5 @@ def _read_physical(artifact: Path, key: dict) -> PhysicalCostModel | None:
         tflops=tuple(doc["tflops"]),
         kv_floor=doc["kv_floor"],
         meta=doc["meta"],
+        decode_offsets=tuple(doc["decode_offsets"]),
     )

@@ -14,6 +14,7 @@ from simulator.cost_model_artifact import load_fitted, load_physical
 from simulator.engine_cost_model import read_steps
 from simulator.fitted_cost_model import FittedCostModel
 from simulator.gpu import GpuSpec
+from simulator.physical_cost_model import BUCKET_MIN_STEPS
 from simulator.tp_cost_model import TensorParallelCostModel
 
 HORIZON_ROOT = Path(__file__).resolve().parents[1]  # the checkout: calibration/ lives here
@@ -55,6 +56,7 @@ def physical(
     noise_block_steps: int = 2000,
     kv_floor: bool = True,
     clock: str | None = None,
+    bucket_offsets: bool = False,
 ) -> CostModel:
     """``physical``: ``simulator.physical_cost_model.PhysicalCostModel`` fitted to an engine's
     online steps (the file ``engine_fitted`` reads), measured on ``gpu`` for ``shape``
@@ -65,7 +67,9 @@ def physical(
     bandwidth (no fit prices them lower). ``clock``: an ``executor.duty_cycle`` result file
     measured on ``gpu`` for ``shape``; the steps are priced as ``simulator.clock_state``'s
     ``ClockStateCost`` (the slowdown after compute-bound steps; one state per replica). The
-    held-out validation (``docs/fidelity/lowo.md``) measured both. ``noise_seed``: as
+    held-out validation (``docs/fidelity/lowo.md``) measured both. ``bucket_offsets``: each
+    decode bucket with ``BUCKET_MIN_STEPS`` decode-only steps in the file gets an offset of its
+    own (``PhysicalCostModel.decode_offsets``). ``noise_seed``: as
     ``engine_fitted``'s, the file's steps' scatter resampled; None: deterministic."""
     floor = 1e9 / gpu.mem_bandwidth if kv_floor else 0.0
     table = None
@@ -75,7 +79,8 @@ def physical(
             raise ValueError(f"clock: duty-cycle file {clock} does not exist")
         _check_measured(json.loads(Path(clock_path).read_text()).get("meta", {}), clock, shape, gpu)
         table = ClockTable.from_duty_cycle(clock_path)
-    model: CostModel = load_physical(shipped(path), shape.name, floor, table)
+    min_steps = BUCKET_MIN_STEPS if bucket_offsets else 0
+    model: CostModel = load_physical(shipped(path), shape.name, floor, table, min_steps)
     _check_measured(model.meta, path, shape, gpu)
     if noise_seed is not None:
         rows = read_steps(shipped(path))[0]

@@ -28,6 +28,11 @@ A step is bound by memory or by compute, whichever takes longer, plus the host's
   compute-bound: a 2,048-token chunk costs its FLOPs whatever the small steps' slope is, so the
   knee (where ``compute`` overtakes ``memory``) cannot be traded away by a fit dominated by
   small steps;
+* ``decode_offsets`` (``fit(..., bucket_min_steps=N)``): a decode-only step's captured graph
+  of each batch bucket costs a constant of its own beside the line ``a_graph + w *
+  padded_tokens`` (signed: the graphs are captured apart, and one slope does not follow a
+  small shape's buckets); fitted only for buckets with >= N decode-only steps in the fit, 0
+  elsewhere (a bucket the fit never saw costs what the line says);
 * ``requests`` (decodes + chunks), ``refreshed``, ``preempting``: host work per request;
 * ``o``: host work of an online engine step that the profiler's offline steps
   (``executor.profiler``: ``ModelRunner.execute`` alone) do not do; every predicted step is an
@@ -73,6 +78,26 @@ TERMS = (*MEMORY, *COMPUTE, *HOST)
 GRID_MIN_PREFILL = 1024  # grid steps with chunks this long calibrate the compute-bound corner
 GRID_WEIGHT = 0.01  # the grid's steps together weigh this fraction of the online steps
 GRID_COLUMNS = STEP_COLUMNS[:6]  # the profiler CSV's plan fields, as the online files'
+BUCKET_MIN_STEPS = 200  # decode-only steps a bucket needs in the fit for an offset of its own
+
+
+def decode_bucket_index(rows: np.ndarray, buckets: Buckets) -> np.ndarray:
+    """Per row, the index of its decode-only step's batch bucket in ``buckets.decode``
+    (``len(buckets.decode)`` for a mixed step or one past the largest bucket)."""
+    db = np.asarray(buckets.decode)
+    idx = np.searchsorted(db, rows[:, 1], "left")
+    idx[rows[:, 0] > 0] = len(db)
+    return idx
+
+
+def _offset_columns(idx: np.ndarray, chosen: list[int]) -> np.ndarray:
+    """A +1 and a -1 indicator column per chosen bucket (non-negative least squares fits a
+    signed offset as the difference of the two)."""
+    cols = []
+    for j in chosen:
+        c = (idx == j).astype(np.float64)
+        cols += [c, -c]
+    return np.stack(cols, axis=1) if cols else np.zeros((len(idx), 0))
 
 
 def tflop_per(shape: ModelShape) -> tuple[float, float]:
@@ -186,6 +211,8 @@ class PhysicalCostModel:
     # measured / modelled time of every fitted online step, per regime (decode-only, mixed),
     # in the order measured: the empirical step-time noise ``with_noise`` resamples
     residuals: tuple[np.ndarray, np.ndarray] | None = field(default=None, compare=False, repr=False)
+    # seconds a decode-only step of each decode bucket adds to its memory side (empty: none)
+    decode_offsets: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         if len(self.coef) != len(TERMS):
@@ -194,6 +221,11 @@ class PhysicalCostModel:
             )
         if min(self.coef) < 0 or min(self.tflops) < 0 or not self.kv_floor >= 0:
             raise ValueError("PhysicalCostModel.coef, tflops and kv_floor must be >= 0")
+        if self.decode_offsets and len(self.decode_offsets) != len(self.buckets.decode):
+            raise ValueError(
+                f"PhysicalCostModel.decode_offsets needs one value per decode bucket "
+                f"({len(self.buckets.decode)}), got {len(self.decode_offsets)}"
+            )
 
     @classmethod
     def fit(  # noqa: ANN206
@@ -204,10 +236,13 @@ class PhysicalCostModel:
         meta: dict | None = None,
         grid: np.ndarray | None = None,
         kv_floor: float = 0.0,
+        bucket_min_steps: int = 0,
     ):
         """Fit to ``STEP_COLUMNS`` rows of online steps (steps without a token ignored) of the
         shape ``model`` and the offline ``grid`` rows (``grid_rows``), if any, weighted as
-        ``GRID_WEIGHT`` of the online steps. Raises ValueError for fewer than 20 online steps."""
+        ``GRID_WEIGHT`` of the online steps; ``bucket_min_steps`` > 0: a ``decode_offsets``
+        entry for every decode bucket with that many decode-only online steps (0: none).
+        Raises ValueError for fewer than 20 online steps."""
         rows = rows[(rows[:, 0] + rows[:, 1]) > 0]
         if len(rows) < 20:
             raise ValueError(f"PhysicalCostModel.fit needs >= 20 steps, got {len(rows)}")
@@ -221,8 +256,24 @@ class PhysicalCostModel:
         base[len(rows) :] = GRID_WEIGHT * len(rows) / max(len(grid), 1)
         y = both[:, -1]
         rest = np.maximum(y - kv_floor * memory[:, 3], 1e-3 * y)  # the time above the floor
-        coef = _fit_max((memory, compute, host), rest, base * rest / y)  # error relative to y
-        fitted = cls(tuple(float(c) for c in coef), kvb, buckets, tf, kv_floor, dict(meta or {}))
+        chosen: list[int] = []
+        idx = decode_bucket_index(both, buckets)
+        if bucket_min_steps > 0:
+            counts = np.bincount(idx[: len(rows)], minlength=len(buckets.decode) + 1)
+            chosen = [j for j in range(len(buckets.decode)) if counts[j] >= bucket_min_steps]
+        nm = memory.shape[1]
+        extra = _offset_columns(idx, chosen)
+        feats = (np.concatenate([memory, extra], axis=1), compute, host)
+        coef = _fit_max(feats, rest, base * rest / y)  # error relative to y
+        offsets = ()
+        if chosen:
+            off = np.zeros(len(buckets.decode))
+            end = nm + extra.shape[1]
+            off[chosen] = coef[nm:end:2] - coef[nm + 1 : end : 2]
+            offsets = tuple(float(v) for v in off)
+            coef = np.concatenate([coef[:nm], coef[end:]])
+        fitted = cls(tuple(float(c) for c in coef), kvb, buckets, tf, kv_floor, dict(meta or {}),
+                     decode_offsets=offsets)  # fmt: skip
         return fitted.with_residuals(rows)
 
     def with_residuals(self, rows: np.ndarray) -> PhysicalCostModel:
@@ -249,13 +300,15 @@ class PhysicalCostModel:
         model: str,
         kv_floor: float = 0.0,
         clock=None,  # noqa: ANN001 - a simulator.clock_state.ClockTable
+        bucket_min_steps: int = 0,
     ) -> PhysicalCostModel:
         """Fit to a calibration file of ``write_steps`` (its sidecar JSON gives the buckets)
         measured on the shape ``model``, and to the profiler grid beside it (``grid_path``)
-        where there is one (``kv_floor``: as ``fit``'s). ``clock``: a ``ClockTable`` whose
-        slowdown is taken out of every step first (``ClockTable.deflate``; the file's steps as
-        one run, so the first 0.2 s of each later run sees the end of the one before), the
-        base a ``ClockStateCost`` wraps. Raises ValueError for a missing or malformed file."""
+        where there is one (``kv_floor``, ``bucket_min_steps``: as ``fit``'s). ``clock``: a
+        ``ClockTable`` whose slowdown is taken out of every step first (``ClockTable.deflate``;
+        the file's steps as one run, so the first 0.2 s of each later run sees the end of the
+        one before), the base a ``ClockStateCost`` wraps. Raises ValueError for a missing or
+        malformed file."""
         rows, meta = read_steps(path)
         b = meta.get("buckets", {})
         g = grid_path(path)
@@ -265,7 +318,7 @@ class PhysicalCostModel:
             rows = clock.deflate(rows)
             grid = None if grid is None else clock.deflate_grid(grid)
         buckets = Buckets(**b) if b else DEFAULT_BUCKETS
-        return cls.fit(rows, model, buckets, meta, grid, kv_floor)
+        return cls.fit(rows, model, buckets, meta, grid, kv_floor, bucket_min_steps)
 
     @property
     def max_num_seqs(self) -> int:
@@ -277,7 +330,10 @@ class PhysicalCostModel:
         if not (math.isfinite(factor) and factor > 0):
             raise ValueError(f"scale factor must be finite and > 0, got {factor!r}")
         return replace(
-            self, coef=tuple(c * factor for c in self.coef), kv_floor=self.kv_floor * factor
+            self,
+            coef=tuple(c * factor for c in self.coef),
+            kv_floor=self.kv_floor * factor,
+            decode_offsets=tuple(v * factor for v in self.decode_offsets),
         )
 
     def predict_rows(self, rows: np.ndarray) -> np.ndarray:
@@ -285,7 +341,10 @@ class PhysicalCostModel:
             rows, self.buckets, self.kv_bytes_per_token, self.tflops
         )
         c, nm, nc = np.array(self.coef), len(MEMORY), len(COMPUTE)
-        t = np.maximum(memory @ c[:nm], compute @ c[nm : nm + nc]) + host @ c[nm + nc :]
+        mem = memory @ c[:nm]
+        if self.decode_offsets:
+            mem = mem + np.append(self.decode_offsets, 0.0)[decode_bucket_index(rows, self.buckets)]
+        t = np.maximum(mem, compute @ c[nm : nm + nc]) + host @ c[nm + nc :]
         return np.maximum(t + self.kv_floor * memory[:, 3], 1e-6)
 
     def step_time(self, plan: StepPlan) -> float:
@@ -298,7 +357,7 @@ class PhysicalCostModel:
         padded = bucket_of(p + d, self._mixed) if p > 0 else bucket_of(d, self._decode)
         pairs = plan.prefill_attention_pairs
         ctx = plan.decode_context_tokens + plan.prefill_context_tokens
-        memory = (c[1] if p > 0 else c[0]) + c[2] * padded
+        memory = (c[1] if p > 0 else c[0] + self._offset_of.get(padded, 0.0)) + c[2] * padded
         memory += c[3] * (ctx * self.kv_bytes_per_token / 1e9) + c[4] * pairs
         if p > 0:
             n = len(plan.prefills)
@@ -323,5 +382,12 @@ class PhysicalCostModel:
     def _mixed(self) -> tuple[int, ...]:
         return self.buckets.mixed
 
+    @functools.cached_property
+    def _offset_of(self) -> dict[int, float]:  # decode bucket -> its offset
+        return dict(zip(self._decode, self.decode_offsets))
+
     def report(self) -> dict:
-        return dict(zip(TERMS, self.coef))
+        out = dict(zip(TERMS, self.coef))
+        if self.decode_offsets:
+            out["decode_offsets"] = dict(zip(self._decode, self.decode_offsets))
+        return out

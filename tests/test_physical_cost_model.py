@@ -155,6 +155,27 @@ def test_registered_by_name_and_import_path_fitted_once_per_file(calibration, mo
     assert again.provenance["fit"] == str(physical_fit_path(calibration))
 
 
+def test_the_bucket_offsets_option_is_fitted_and_kept_in_its_own_artifact(
+    calibration, monkeypatch
+):
+    import json
+
+    import simulator.cost_models
+
+    BUCKET_MIN_STEPS = 20  # the file's 2,000 steps give each bucket fewer than the default
+    monkeypatch.setattr(simulator.cost_models, "BUCKET_MIN_STEPS", BUCKET_MIN_STEPS)
+    plain = _make(calibration)
+    with_offsets = _make(calibration, bucket_offsets=True)
+    fresh = PhysicalCostModel.from_file(calibration, "qwen2.5-7b", FLOOR,
+                                        bucket_min_steps=BUCKET_MIN_STEPS)  # fmt: skip
+    assert plain.decode_offsets == () and with_offsets == fresh
+    assert any(v != 0 for v in with_offsets.decode_offsets)
+    doc = json.loads(physical_fit_path(calibration).read_text())
+    assert doc["bucket_min_steps"] == BUCKET_MIN_STEPS
+    assert doc["decode_offsets"] == list(fresh.decode_offsets)
+    assert _make(calibration, bucket_offsets=True) == fresh  # read back from the artifact
+
+
 def test_refuses_a_file_measured_for_another_shape(calibration):
     with pytest.raises(ValueError, match="measured with model qwen2.5-7b, not qwen2.5-0.5b"):
         _make(calibration, shape="qwen2.5-0.5b")
@@ -308,3 +329,37 @@ def test_step_time_of_a_plan_is_predict_rows_of_its_row():
     assert np.allclose(got, want, rtol=1e-12)
     memory, _, _ = physical_features(np.array(rows, dtype=float), Buckets(), 57344, TFLOPS)
     assert memory[:, 5].max() > 1.0  # the longest walk is exercised
+
+
+def test_decode_bucket_offsets_are_recovered_where_measured_and_zero_elsewhere():
+    """Decode-only steps of each batch bucket cost a constant of their own beside the line:
+    the fit recovers the offsets of the buckets it saw often enough, signed, leaves the
+    others 0 (priced by the line), and the scalar path prices a plan as the rows do."""
+    from horizon.plan import StepPlan
+    from simulator.physical_cost_model import decode_bucket_index
+
+    rng = np.random.default_rng(3)
+    rows = _steps(rng, 6000)
+    rows[:, 1] = np.where(rows[:, 0] > 0, rows[:, 1], rng.integers(1, 100, len(rows)))
+    buckets = Buckets()
+    true_off = np.zeros(len(buckets.decode))
+    true_off[:6] = (-4e-4, 3e-4, -2e-4, 5e-4, 1e-4, -1e-4)  # buckets 1, 2, 4, 8, 16, 32
+    idx = decode_bucket_index(rows, buckets)
+    rows[:, -1] = _time(rows) + np.append(true_off, 0.0)[idx]
+    m = PhysicalCostModel.fit(rows, bucket_min_steps=20)
+    counts = np.bincount(idx, minlength=len(buckets.decode) + 1)[:-1]
+    seen = counts >= 20
+    assert seen[:6].all() and not seen.all()  # some buckets (> 99 decodes) never ran
+    got = np.array(m.decode_offsets)
+    np.testing.assert_allclose(got[seen], true_off[seen], atol=3e-5)
+    assert (got[~seen] == 0).all()
+    assert np.abs(m.predict_rows(rows) / rows[:, -1] - 1).mean() < 0.01
+    assert PhysicalCostModel.fit(rows).decode_offsets == ()  # off by default
+    assert m.scaled(2.0).decode_offsets == tuple(2 * v for v in m.decode_offsets)
+    for d in (3, 17, 60):  # the scalar path, decode-only plans of three buckets
+        plan = StepPlan(0, 0.0, tuple(Request(i, 0.0, 4, 8, 8) for i in range(d)), (),
+                        decode_context_tokens=40 * d)  # fmt: skip
+        row = np.array([[0, d, 40 * d, 0, 0, 0, 0, 0, 0]], dtype=float)
+        assert m.step_time(plan) == pytest.approx(float(m.predict_rows(row)[0]), rel=1e-9)
+    with pytest.raises(ValueError, match="decode_offsets"):
+        PhysicalCostModel(TRUE, 57344, decode_offsets=(1.0,))
