@@ -125,13 +125,16 @@ def judge(model, runs: list[Run], offsets: dict[str, dict]) -> dict:  # noqa: AN
 
 
 def _physical(  # noqa: ANN202 - a PhysicalCostModel or ClockStateCost
-    model: str, train: list[np.ndarray], grid: np.ndarray, clock: ClockTable | None
-):
-    """The physical fit of ``train``: with the clock state of ``clock`` where given."""
+    model: str, train: list[np.ndarray], grid: np.ndarray, clock: ClockTable | None,
+    bucket_min_steps: int = 0,
+):  # fmt: skip
+    """The physical fit of ``train``: with the clock state of ``clock`` where given, and the
+    decode buckets' offsets (``bucket_min_steps``; 0: none)."""
     floor = 1e9 / gpu_spec("H200").mem_bandwidth  # the GPU the engine runs ran on
     if clock is None:
-        return PhysicalCostModel.fit(np.concatenate(train), model, grid=grid, kv_floor=floor)
-    return clock_state.fit(train, clock, model, grid, floor)
+        return PhysicalCostModel.fit(np.concatenate(train), model, grid=grid, kv_floor=floor,
+                                     bucket_min_steps=bucket_min_steps)  # fmt: skip
+    return clock_state.fit(train, clock, model, grid, floor, bucket_min_steps)
 
 
 def lowo(
@@ -140,6 +143,7 @@ def lowo(
     offsets: dict[str, dict],
     noise_seeds: tuple[int, ...] = (),
     clock: ClockTable | None = None,
+    bucket_min_steps: int = 0,
 ) -> tuple[list[dict], list[dict]]:
     """(held-out step rows, held-out run rows) of every workload of ``model``'s ``runs``;
     ``noise_seeds``: the physical fit's scatter band per run (``compare_run``); ``clock``:
@@ -151,7 +155,7 @@ def lowo(
         train = _rows([r for r in runs if r.workload != held], offsets)
         fits = {
             "engine": EngineCostModel.fit(np.concatenate(train)),
-            "physical": _physical(model, train, grid, clock),
+            "physical": _physical(model, train, grid, clock, bucket_min_steps),
         }
         test = [r for r in runs if r.workload == held]
         for name, m in fits.items():
@@ -169,9 +173,15 @@ def lowo(
 
 
 def main(
-    out: str = "results/lowo", noise_seeds: tuple[int, ...] = NOISE_SEEDS, clock: bool = True
+    out: str = "results/lowo",
+    noise_seeds: tuple[int, ...] = NOISE_SEEDS,
+    clock: bool = True,
+    bucket_min_steps: int = 0,
 ) -> dict:
-    doc: dict = {"command": "python -m experiments.lowo" + ("" if clock else " --no-clock"),
+    flags = ("" if clock else " --no-clock") + (
+        f" --bucket-min-steps {bucket_min_steps}" if bucket_min_steps else ""
+    )
+    doc: dict = {"command": "python -m experiments.lowo" + flags,
                  "targets": TARGETS, "noise_seeds": list(noise_seeds),
                  "steps": [], "runs": [], "leases": {}, "clocks": {}}  # fmt: skip
     for model, sources in SOURCES.items():
@@ -179,7 +189,7 @@ def main(
         offsets = lease_offsets(runs, model)
         clocks = ClockTable.from_duty_cycle(CLOCKS[model]) if clock else None
         doc["clocks"][model] = CLOCKS[model] if clock else None
-        steps, per_run = lowo(model, runs, offsets, noise_seeds, clocks)
+        steps, per_run = lowo(model, runs, offsets, noise_seeds, clocks, bucket_min_steps)
         doc["steps"] += steps
         doc["runs"] += per_run
         doc["leases"][model] = offsets
@@ -200,5 +210,7 @@ if __name__ == "__main__":
                     help="seeds of the physical fit's scatter band (0: no band)")  # fmt: skip
     ap.add_argument("--no-clock", action="store_true",
                     help="the physical fit without its clock state")  # fmt: skip
+    ap.add_argument("--bucket-min-steps", type=int, default=0,
+                    help="decode-only steps a bucket needs for an offset (0: none)")  # fmt: skip
     a = ap.parse_args()
-    main(a.out, tuple(range(a.noise_seeds)), not a.no_clock)
+    main(a.out, tuple(range(a.noise_seeds)), not a.no_clock, a.bucket_min_steps)
