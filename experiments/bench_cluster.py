@@ -3,10 +3,13 @@ model, the engine's pipelined loop), ShareGPT first turns with Poisson arrivals 
 times one replica's measured capacity, 100,000 requests, ``least_loaded``, one core.
 
     python -m experiments.bench_cluster [--router NAME] [--replicas 16] [--requests 100000]
-        [--load 0.9] [--repeat 1] [--view-delay 0] [--prefill 0]
+        [--load 0.9] [--repeat 1] [--view-delay 0] [--prefill 0] [--per-gpu 1 --sharing quantum]
 
 ``--prefill P``: disaggregated, P prefill replicas and the rest decode replicas (decode router
 ``least_kv``, KV over NVLink), the load still 90% of N times one mixed replica's capacity.
+``--per-gpu K``: K replicas share each simulated GPU under ``--sharing`` (``fcfs``,
+``timeslice`` or ``quantum``, slice ``--quantum-s``; ``simulator.device_sharing``), the load
+then 90% of N / K times one replica's capacity.
 
 The packaged ShareGPT corpus holds fewer usable first turns than 100,000: requests are drawn
 from them with replacement (seeded), so equal prompts recur and a prefix-aware router finds
@@ -51,6 +54,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--view-delay", type=float, default=0.0, help="stale views, seconds")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--prefill", type=int, default=0, help="prefill replicas (0: all mixed)")
+    ap.add_argument("--per-gpu", type=int, default=1, help="replicas sharing each GPU")
+    ap.add_argument("--sharing", default="quantum", help="the shared GPUs' rule (--per-gpu > 1)")
+    ap.add_argument("--quantum-s", type=float, default=0.00025, help="the quantum rule's slice")
     ap.add_argument("--repeat", type=int, default=1, help="timed runs; wall_s is their median")
     ap.add_argument("--cache", default=str(REPO / "data" / "cache" / "sharegpt_qwen2.npz"))
     return ap.parse_args(argv)
@@ -97,6 +103,16 @@ def _capacity(pool: list[RequestSpec], config: SchedulerConfig, cost_model) -> f
     return 2000 / float(rec.step_end[-1])
 
 
+def _device(args, i: int):  # noqa: ANN001, ANN202 - a DeviceSpec or None
+    """Replica ``i``'s shared GPU under ``--per-gpu`` (None: a GPU of its own)."""
+    from simulator.device_sharing import DeviceSpec
+
+    if args.per_gpu <= 1:
+        return None
+    quantum = args.quantum_s if args.sharing == "quantum" else None
+    return DeviceSpec(f"gpu{i // args.per_gpu}", args.sharing, quantum_s=quantum)
+
+
 def _run(args, requests, config, cost_model) -> tuple[object, float, float]:  # noqa: ANN001
     from simulator.kv_link import link_spec
 
@@ -104,7 +120,10 @@ def _run(args, requests, config, cost_model) -> tuple[object, float, float]:  # 
     roles = ["prefill"] * p + ["decode"] * (args.replicas - p) if p else ["mixed"] * args.replicas
     shape = model_shape("qwen2.5-7b")
     setups = [
-        ReplicaSetup(config, make_policy("fcfs"), cost_model, shape, role=role) for role in roles
+        ReplicaSetup(
+            config, make_policy("fcfs"), cost_model, shape, role=role, device=_device(args, i)
+        )
+        for i, role in enumerate(roles)
     ]
     sim = ClusterSimulation(
         requests,
@@ -130,7 +149,7 @@ def main(argv: list[str] | None = None) -> dict:
     config = SchedulerConfig(num_blocks=shape.kv_blocks(gpu.memory_bytes, 0.9, 16))
     pool = _pool(args.cache)
     capacity = _capacity(pool, config, cost_model)
-    rate = args.load * args.replicas * capacity
+    rate = args.load * args.replicas * capacity / max(1, args.per_gpu)
     walls, cpus = [], []
     for _ in range(max(1, args.repeat)):
         requests = _requests(pool, args.requests, rate, args.seed)
@@ -153,6 +172,8 @@ def _result(args, rec, walls, capacity, rate, pool_size) -> dict:  # noqa: ANN00
         "replicas": args.replicas,
         "router": args.router,
         "prefill_replicas": args.prefill,
+        "per_gpu": args.per_gpu,
+        "sharing": args.sharing if args.per_gpu > 1 else None,
         "requests": args.requests,
         "simulated_s": round(simulated, 3),
         "wall_s": round(wall, 3),

@@ -19,6 +19,12 @@ So a step's end is known only when it is over (``submit`` returns an event), unl
 ``fcfs`` and ``timeslice`` rules, which book an end at submission. Alone, a step takes
 exactly its own time. Deterministic: the same submissions at the same times give the same
 ends (ties between owners go round robin in the order owners first submitted).
+
+While the same owners stay busy their turns repeat, so the device serves them up to the first
+step end among them in one SimPy timeout (``rounds=True``, the default) instead of one per
+slice, and cuts that at the end of the slice in progress when an owner outside them submits.
+The ends are the slice-by-slice ones (``rounds=False``) but for rounding; a test holds the two
+together.
 """
 
 from __future__ import annotations
@@ -45,6 +51,7 @@ class QuantumDevice:
         env: simpy.Environment,
         quantum_s: float,
         switch_s: float = 0.0,
+        rounds: bool = True,
     ) -> None:
         if not (isinstance(quantum_s, (int, float)) and quantum_s > 0 and math.isfinite(quantum_s)):
             raise ValueError(f"QuantumDevice.quantum_s must be > 0 seconds, got {quantum_s!r}")
@@ -53,9 +60,11 @@ class QuantumDevice:
         self.env = env
         self.quantum_s = float(quantum_s)
         self.switch_s = float(switch_s)
+        self.rounds = rounds
         self._queues: dict[object, deque[list]] = {}  # owner -> [[left, own, event], ...]
         self._order: list[object] = []  # owners in order of first submission
         self._wake: simpy.Event | None = None
+        self._members: set = set()  # the owners served now: their submissions wake no one
         self.busy_s = 0.0
         self.switch_total_s = 0.0
         env.process(self._run())
@@ -69,8 +78,9 @@ class QuantumDevice:
             q = self._queues[owner] = deque()
             self._order.append(owner)
         q.append([float(duration), float(duration), event])
-        if self._wake is not None:
-            wake, self._wake = self._wake, None
+        wake = self._wake
+        if wake is not None and owner not in self._members and not wake.triggered:
+            self._wake = None
             wake.succeed()
         return event
 
@@ -96,11 +106,59 @@ class QuantumDevice:
                 self._wake = env.event()
                 yield self._wake
                 continue
+            if self.rounds:
+                current = yield from self._to_next_end(self._busy_from(j), current)
+                continue
             if current >= 0 and j != current and self.switch_s > 0:
                 yield env.timeout(self.switch_s)
                 self.switch_total_s += self.switch_s
             current = j
             yield from self._turn(self._queues[self._order[j]])
+
+    def _busy_from(self, j: int) -> list[int]:
+        """Indices in ``_order`` of the owners with work, in turn order from ``j``."""
+        order, queues, n = self._order, self._queues, len(self._order)
+        return [i for i in ((j + d) % n for d in range(n)) if queues[order[i]]]
+
+    def _to_next_end(self, busy: list[int], current: int):  # noqa: ANN202
+        """Serve ``busy``'s turns up to the first step end among them in one timeout, or to
+        the first slice boundary after an owner outside them submits; returns the index of
+        the last slice's owner (see the module docstring)."""
+        env, q, k = self.env, self.quantum_s, len(busy)
+        heads = [self._queues[self._order[i]][0] for i in busy]
+        m = min(math.ceil((h[0] - 1e-12) / q) for h in heads) - 1  # whole rounds, no end
+        p = next(p for p, h in enumerate(heads) if h[0] - m * q <= q + 1e-12)  # who ends
+        last, r = m * k + p, min(q, heads[p][0] - m * q)  # the last slice, and its length
+        first = self.switch_s if current >= 0 and busy[0] != current else 0.0
+        sw = self.switch_s if k > 1 else 0.0  # alone, its slices follow each other
+        t0 = env.now
+        done = env.timeout(first + last * (q + sw) + r)
+        self._members = {self._order[i] for i in busy}
+        self._wake = wake = env.event()  # the end, or an owner outside them submits
+        done.callbacks.append(lambda _: wake.triggered or wake.succeed())
+        yield wake
+        self._wake, self._members = None, set()
+        if not done.processed:  # cut at the end of the slice in progress (its turn began before)
+            i = max(0, 1 + math.floor((env.now - t0 - first - q) / (q + sw)))
+            if i < last:
+                yield env.timeout(t0 + first + i * (q + sw) + q - env.now)
+                return self._served(busy, heads, i, first + i * sw)
+            yield done
+        return self._served(busy, heads, last, first + last * sw, r)
+
+    def _served(self, busy, heads, i, switched, r=None) -> int:  # noqa: ANN001
+        """Book slices 0..``i`` over ``busy`` (the last of length ``r`` and ending its step
+        where given, else all full); returns the last slice's owner index."""
+        q, k = self.quantum_s, len(busy)
+        for p, h in enumerate(heads):
+            h[0] -= q * ((i + 1) // k + (p < (i + 1) % k))
+        self.busy_s += (i + 1) * q
+        self.switch_total_s += switched
+        if r is not None:  # the last slice was r, not q, and ended its owner's step
+            queue = self._queues[self._order[busy[i % k]]]
+            self.busy_s += r - q
+            queue.popleft()[2].succeed(self.env.now)
+        return busy[i % k]
 
     def _turn(self, queue: deque[list]):  # noqa: ANN202
         """Serve one owner's first step for one time slice, or to its end if sooner."""

@@ -176,3 +176,40 @@ def test_views_may_read_the_latest_step_end_reports_as_the_engine_s_driver_does(
         rec.check()
         assert np.all(rec.merged().status == STATUS_FINISHED)
     assert live.assignment.tolist() != reported.assignment.tolist()  # routed on older loads
+
+
+def _random_ends(seed: int, rounds: bool) -> tuple[dict, float, float]:
+    """Owners that submit random steps at random times, up to two outstanding each (as a
+    pipelined replica does): each owner's step ends, and the device's busy and switch time."""
+    rng = random.Random(seed)
+    env = simpy.Environment()
+    dev = QuantumDevice(env, rng.choice([0.1, 0.25, 1.0]) * MS, rng.choice([0, 0.02]) * MS, rounds)
+    ends: dict = {}
+
+    def owner(name, steps):  # noqa: ANN001, ANN202
+        pending = []
+        for d, gap, depth in steps:
+            yield env.timeout(gap * MS)
+            pending.append(dev.submit(name, d * MS))
+            while len(pending) > depth:
+                ends.setdefault(name, []).append((yield pending.pop(0)) / MS)
+                dev.check_integrity()
+        for e in pending:
+            ends.setdefault(name, []).append((yield e) / MS)
+
+    for name in range(rng.randint(1, 5)):
+        steps = [(rng.uniform(0.01, 4.0), rng.expovariate(1.0), rng.randint(0, 1))
+                 for _ in range(rng.randint(1, 40))]  # fmt: skip
+        env.process(owner(name, steps))
+    env.run()
+    return ends, dev.busy_s, dev.switch_total_s
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_whole_rounds_at_once_end_steps_as_slice_by_slice_does(seed):
+    fast, busy, switched = _random_ends(seed, rounds=True)
+    slow, busy0, switched0 = _random_ends(seed, rounds=False)
+    assert fast.keys() == slow.keys()
+    for name in slow:
+        np.testing.assert_allclose(fast[name], slow[name], rtol=0, atol=1e-9)
+    assert busy == pytest.approx(busy0, abs=1e-12) and switched == pytest.approx(switched0)
