@@ -132,7 +132,7 @@ def simulate_cluster(
     decode_router: Router | None = None,
     kv_link: LinkSpec | None = None,
     live: bool | None = None,
-    placement: str = "live",
+    placement: str = "reported",
 ):  # noqa: ANN201 - ClusterRecords
     """One run on the engine's loop (pipelined, arrivals between steps), fresh copies in;
     ``decode_router``, ``kv_link`` and ``placement`` for disaggregated replicas."""

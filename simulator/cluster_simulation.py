@@ -79,11 +79,11 @@ class ClusterSimulation:
             ``simulator.Simulation``'s, for every replica.
         decode_router, kv_link: for disaggregated replicas, the router that places a
             handed-off request on a decode replica and the link its KV crosses.
-        placement: how handoffs are placed: ``live`` reserves on the decode scheduler at the
-            step end that freed the blocks; ``reported`` places on each decode replica's latest
-            step-end free blocks and the replica takes the import (or refuses it) at its first
-            step boundary after the message's delay, as on the engine; a ``Placement`` sets
-            the delays (``simulator.reported_placement``).
+        placement: how handoffs are placed: ``reported`` (the default) places on each decode
+            replica's latest step-end free blocks and the replica takes the import (or refuses
+            it) at its first step boundary after the message's delay, as on the engine;
+            ``live`` reserves on the decode scheduler at the step end that freed the blocks; a
+            ``Placement`` sets the delays (``simulator.reported_placement``).
         autoscaler, autoscale: an autoscaler over the replicas (the most it may provision)
             and its settings (``simulator.autoscaling``); None: every replica always on. With
             prefill/decode roles, one of each per role (``{"prefill": ..., "decode": ...}``).
@@ -105,7 +105,7 @@ class ClusterSimulation:
         autoscaler=None,  # noqa: ANN001 - horizon.cluster.Autoscaler, or one per role
         autoscale: AutoscaleConfig | dict[str, AutoscaleConfig] | None = None,
         live: bool | None = None,
-        placement: str | Placement = "live",
+        placement: str | Placement = "reported",
     ) -> None:
         if max_time is not None and not (math.isfinite(max_time) and max_time > 0):
             raise ValueError(f"max_time must be a finite number > 0, got {max_time!r}")

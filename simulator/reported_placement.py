@@ -7,9 +7,10 @@ and the import reaches the worker ``message_s`` later, at its next step boundary
 (``executor.kv_agent``): the worker reserves the blocks there if they fit then, and the KV
 transfer starts; else it refuses, the request is pending again, and that worker is offered
 nothing until its next step end. Meanwhile the worker's own plans keep taking blocks (its
-running requests grow, its preempted ones come back), which the default ``"live"`` placement
-never lets them do first: it reserves on the decode scheduler itself, at the step end that
-freed the blocks.
+running requests grow, its preempted ones come back), which the ``"live"`` placement never
+lets them do first: it reserves on the decode scheduler itself, at the step end that freed the
+blocks. ``reported`` is the default: on the H200's P/D cases the engine takes its imports
+after one plan of its own, as this placement does (docs/cluster.md).
 
 A plan that preempts first retires the engine's step in flight (``EngineBackend.drains_before``),
 so that step's report goes out before the plan is submitted, and the worker's next boundary
@@ -49,7 +50,7 @@ class Placement:
     arrival at the decode replica) and ``drain_s`` (a preempting plan's host work on the
     engine, from the report it sends first to the next step boundary)."""
 
-    kind: str = "live"
+    kind: str = "reported"
     message_s: float = MESSAGE_S
     drain_s: float = 0.0
 
