@@ -7,6 +7,7 @@
     python -m experiments.pd_fidelity compare ENGINE [--out results/pd_fidelity]
     python -m experiments.pd_fidelity colocated     # + variant (d), from the committed table
     python -m experiments.pd_fidelity reported      # + the engine driver's placement, likewise
+    python -m experiments.pd_fidelity reported --variant inline   # + its copies inline
 
 Cases: ShareGPT first turns (held-out half), Poisson at 2 loads x 3 seeds, on two Qwen2.5-0.5B
 shape replicas (seeded random weights, 2,000 KV blocks each, fcfs) co-located on one GPU:
@@ -44,8 +45,8 @@ SEEDS = (0, 1, 2)
 REQUESTS = 1500
 SLO_TTFT, SLO_ITL = 0.25, 0.01
 SIDES = {"pd": ("prefill", "decode"), "mixed": ("mixed", "mixed")}
-# colocated: ``add_colocated``, variant (d); reported: ``add_reported`` (P/D rows only)
-VARIANTS = ("isolated", "shared", "colocated", "reported")
+# colocated: ``add_colocated``, variant (d); reported, inline: ``add_reported`` (P/D rows only)
+VARIANTS = ("isolated", "shared", "colocated", "reported", "inline")
 
 
 def case_name(load: float, seed: int) -> str:
@@ -256,17 +257,27 @@ def add_colocated(table: Path, fold: str = "all") -> dict:
     return doc
 
 
-def add_reported(table: Path) -> dict:
+def add_reported(table: Path, variant: str = "reported") -> dict:
     """The P/D cases of the committed ``pd_fidelity.json`` with handoffs placed as the
     engine's driver places them (``placement="reported"``: on the decode replica's latest
     step-end free blocks, taken or refused at its next step boundary), both replicas on one
-    GPU, steps serialized (as ``shared``). Adds the ``reported`` figures to each P/D row and
-    rewrites the summary and ``table.md``; checks the rebuilt requests as ``add_colocated``."""
+    GPU, steps serialized (as ``shared``). ``variant`` ``reported``: the KV over the link
+    fitted to the engine's copies; ``inline``: copied behind the decode replica's step in
+    flight at the idle copy's speed (``Placement.copy``; ``calibration/h200_kv_transfer.json``).
+    Adds the variant's figures to each P/D row and rewrites the summary and ``table.md``;
+    checks the rebuilt requests as ``add_colocated``."""
     from horizon.workload import load_sharegpt, tokenize_corpus
-    from simulator.kv_link import LinkSpec
+    from simulator.kv_link import LinkSpec, measured_link
+    from simulator.reported_placement import Placement
 
+    if variant not in ("reported", "inline"):
+        raise ValueError(f"add_reported: variant must be 'reported' or 'inline', got {variant!r}")
     doc = json.loads((table / "pd_fidelity.json").read_text())
     link = LinkSpec("same_gpu_ipc", doc["link"]["bandwidth_Bps"], doc["link"]["latency_s"])
+    placement, copy_link = Placement("reported"), link
+    if variant == "inline":
+        placement = Placement("reported", copy="inline")
+        copy_link = measured_link(str(REPO / "calibration" / "h200_kv_transfer.json"), MODEL)
     tokenized = tokenize_corpus(load_sharegpt(), REPO / "data" / "cache" / "sharegpt_qwen2.5.npz")
     for row in doc["rows"]:
         if row["side"] != "pd":
@@ -275,7 +286,7 @@ def add_reported(table: Path) -> dict:
         again = figures(simulate(row["side"], requests, link, "gpu0"))["goodput"]
         if again != row["shared"]["goodput"]:  # the requests the engine and the table ran
             raise ValueError(f"{row['side']} {row['load']:g}/{row['seed']}: requests differ")
-        row["reported"] = figures(simulate("pd", requests, link, "gpu0", placement="reported"))
+        row[variant] = figures(simulate("pd", requests, copy_link, "gpu0", placement=placement))
     doc["summary"] = summary(doc)
     _write_doc(doc, table)
     (table / "table.md").write_text(render(doc["summary"]))
@@ -362,6 +373,7 @@ def main(argv: list[str] | None = None) -> None:
     a.add_argument("--fold", default="all")
     p = sub.add_parser("reported", help="add the engine driver's placement to the committed table")
     p.add_argument("--table", default=str(REPO / "results" / "pd_fidelity"))
+    p.add_argument("--variant", default="reported", choices=("reported", "inline"))
     args = ap.parse_args(argv)
     if args.cmd == "export":
         for p in export(Path(args.out)):
@@ -369,7 +381,7 @@ def main(argv: list[str] | None = None) -> None:
     elif args.cmd == "colocated":
         print(render(add_colocated(Path(args.table), args.fold)["summary"]))
     elif args.cmd == "reported":
-        print(render(add_reported(Path(args.table))["summary"]))
+        print(render(add_reported(Path(args.table), args.variant)["summary"]))
     else:
         compare(Path(args.engine), Path(args.out))
 

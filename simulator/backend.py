@@ -14,6 +14,7 @@ the plans carry their verifies' tracks and the stopping rule follows them
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from horizon.acceptance import AcceptanceModel
@@ -68,6 +69,7 @@ class SimBackend:
         self._wake_delay = getattr(self.cost_model, "wake_delay", None)
         # pipelined: the latest non-empty step's end (a step starts at max(now, this))
         self._last_end: float | None = None
+        self._held_until = -math.inf  # ``hold``: the host waits until then
         self._late = device is not None and device.late_ends
         if self._late and not pipelined:
             raise ValueError(
@@ -113,9 +115,26 @@ class SimBackend:
         return new_result(duration, tuple(finished))
 
     def host_delay(self, step: int, now: float, woke: bool) -> float:
+        held = self._held_until - now  # > 0: the host still waits on work it queued (``hold``)
         if self._wake_delay is None or not (woke or self.pipelined):
-            return 0.0
-        return self._wake_delay(step, now)
+            return held if held > 0.0 else 0.0
+        d = self._wake_delay(step, now)
+        return held if held > d else d
+
+    def busy_until(self, now: float) -> float:
+        """When the step in flight ends (``now`` if none): work queued behind it on the
+        replica's stream starts then. Known at submission only (not on a late-end device)."""
+        if self._late:
+            raise ValueError(f"SimBackend.busy_until: device {self.device.name!r} "  # type: ignore[union-attr]
+                             "(sharing='quantum') knows a step's end only as it runs")  # fmt: skip
+        last = self._last_end
+        return last if last is not None and last > now else now
+
+    def hold(self, until: float) -> None:
+        """The replica's host is busy until ``until`` (waiting on work it queued, such as KV
+        copies): a plan before then waits for it (``host_delay``)."""
+        if until > self._held_until:
+            self._held_until = until
 
     def drains_before(self, plan: StepPlan) -> bool:
         return False  # the cost model prices a drain (its ``preempting`` term)

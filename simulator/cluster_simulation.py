@@ -83,7 +83,8 @@ class ClusterSimulation:
             replica's latest step-end free blocks and the replica takes the import (or refuses
             it) at its first step boundary after the message's delay, as on the engine;
             ``live`` reserves on the decode scheduler at the step end that freed the blocks; a
-            ``Placement`` sets the delays (``simulator.reported_placement``).
+            ``Placement`` sets the delays and how the KV is copied (over the fabric, or
+            inline behind the decode replica's step in flight: ``simulator.reported_placement``).
         autoscaler, autoscale: an autoscaler over the replicas (the most it may provision)
             and its settings (``simulator.autoscaling``); None: every replica always on. With
             prefill/decode roles, one of each per role (``{"prefill": ..., "decode": ...}``).
@@ -134,7 +135,10 @@ class ClusterSimulation:
             self.autoscale = Autoscaling(env, self.cluster, autoscaler, autoscale)
         names = sorted({s.device for s in replicas if s.device is not None})
         self.devices = {d: SharedDevice(d, env) for d in names}
+        self._sims: list[SimBackend] = []  # each replica's own, under any observer
         self.backends = [self._backend(s, r, pipelined) for s, r in zip(replicas, reps)]
+        if self.transfers is not None:
+            self.transfers.bind(self._sims)
         self._open_loop_done = False
 
     def _transfers(self, setups, link, placement: Placement):  # noqa: ANN001, ANN202
@@ -165,6 +169,7 @@ class ClusterSimulation:
         device = None if setup.device is None else self.devices[setup.device]
         event = setup.config.step_mode == "event"
         sim = SimBackend(setup.cost_model, event, self.clock, pipelined, device)
+        self._sims.append(sim)
         counts = self.autoscale is not None and self.autoscale.measures_slo
         if not (replica.needs_steps or self.release.open or counts):
             return sim

@@ -8,12 +8,16 @@ requests are placed again. A placed transfer sends its bytes over the fabric fro
 when they are in, the source frees the blocks and the target's inbox admits the request.
 With ``placement="reported"`` a placement is an offer that the decode replica takes or refuses
 at a later step boundary (``simulator.reported_placement``); its transfer starts when taken.
+With inline copies (``Placement.copy``) the fabric is not used: the boundary's copies run in
+turn behind the decode replica's step in flight at the link's own speed, and the replica's host
+waits for them (``SimBackend.hold``) before the plan that admits them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from functools import partial
+from typing import Protocol
 
 import simpy
 
@@ -24,6 +28,14 @@ from simulator.kv_link import Fabric, LinkSpec, later, soon
 from simulator.reported_placement import Placement, ReportedPlacement
 
 
+class Host(Protocol):
+    """A replica's backend as inline copies see it (``simulator.backend.SimBackend``)."""
+
+    def busy_until(self, now: float) -> float: ...
+
+    def hold(self, until: float) -> None: ...
+
+
 class TransferDriver:
     """Places handoffs and moves their KV on the simulated clock.
 
@@ -31,7 +43,7 @@ class TransferDriver:
         env: the run's SimPy environment.
         cluster: a disaggregated cluster (its ``handoffs`` set).
         shapes: each replica's model shape (a prefill replica's prices its KV bytes).
-        link: the KV link between replicas.
+        link: the KV link between replicas (with inline copies, one copy's time alone).
         arrived: ``arrived(transfer)`` once a transfer's KV is in (the driver admits it).
         placement: ``live`` (reserve on the decode scheduler at once) or ``reported`` (as
             the engine's driver places; ``wake`` is then used), or a ``Placement``.
@@ -61,10 +73,30 @@ class TransferDriver:
         self.arrived = arrived
         self._batch: list[Transfer] | None = None  # placed now, to begin once the placer yields
         self.reported: ReportedPlacement | None = None
+        self.inline = timing.copy == "inline"
+        self.link = link
+        self.hosts: Sequence[Host] = ()  # inline copies: each replica's backend (``bind``)
+        self._copied: dict[int, float] = {}  # decode replica: its inline copies' last end
+        self._taken: set[int] = set()  # ... whose boundary took them and has not planned yet
         if timing.kind == "reported":
             assert wake is not None
+            begin = self._copy_inline if self.inline else self._begin
             self.reported = ReportedPlacement(env, self.handoffs, cluster.replicas, timing,
-                                              self._begin, wake)  # fmt: skip
+                                              begin, wake)  # fmt: skip
+
+    def bind(self, hosts: Sequence[Host]) -> None:
+        """Each replica's backend, where its steps in flight end and its host waits (needed
+        for inline copies; ``Placement.copy``)."""
+        if self.inline:
+            for r in self.replicas:
+                if r.role != "decode":
+                    continue
+                try:
+                    hosts[r.index].busy_until(self.env.now)
+                except ValueError as e:
+                    raise ValueError(f"Placement.copy='inline' needs decode replica {r.index}'s "
+                                     f"step ends at submission: {e}") from None  # fmt: skip
+        self.hosts = tuple(hosts)
 
     def after_update(self, index: int) -> Callable[[], None] | None:
         """The serving loop's hook for replica ``index`` (None for a mixed replica)."""
@@ -152,10 +184,39 @@ class TransferDriver:
         self.handoffs.complete(t, self.env.now)
         self.arrived(t)
 
+    def _copy_inline(self, transfers: list[Transfer]) -> None:
+        """Imports just taken at a decode replica's boundary (``Placement.copy='inline'``):
+        copied one after another behind its step in flight; its host waits for the last. Each
+        after the first starts when the one before it is in (the engine's reading: it takes
+        them in turn, each waiting for its copy)."""
+        env, now = self.env, self.env.now
+        dst = transfers[0].dst
+        host = self.hosts[dst]
+        end = host.busy_until(now)
+        for k, t in enumerate(transfers):
+            assert t.dst == dst and t.start == now
+            if k:
+                t.start = now + (end - now)
+            end += self.link.time(self.kv_bytes(t))
+            later(env, end - now, partial(self._copied_in, t))
+        host.hold(end)
+        self._copied[dst] = now + (end - now)  # the clock's reading when the host is free
+        self._taken.add(dst)
+
+    def _copied_in(self, t: Transfer, _ev: object) -> None:
+        self._arrive(t)
+
     def take(self, index: int, now: float) -> None:
         """Decode replica ``index``'s step boundary (reported placement): the imports that
-        reached it are taken or refused; a refusal places again (others may fit)."""
+        reached it are taken or refused; a refusal places again (others may fit). With
+        inline copies, a boundary's host waits for its copies and then plans without taking
+        again: admissions before the copies end, and the first after, take nothing."""
         assert self.reported is not None
+        if index in self._taken:
+            if now < self._copied[index]:
+                return
+            self._taken.discard(index)
+            return
         if self.reported.take(index, now) and self.handoffs.pending:
             self._place(now)
 
@@ -163,3 +224,6 @@ class TransferDriver:
         self.fabric.check_integrity()
         if self.reported is not None:
             self.reported.check_integrity()
+        assert self._taken <= set(self._copied), "a boundary's copies without their end"
+        if self.inline:
+            assert len(self.hosts) == len(self.replicas), "inline copies need bind(hosts)"

@@ -38,6 +38,7 @@ from horizon.scheduler import Scheduler
 from simulator.kv_link import later
 
 PLACEMENTS = ("live", "reported")
+COPIES = ("link", "inline")
 # A placement's two queue hops on the engine (a step report to the driver, its import to the
 # worker): the driver routes an arrival within 0.08-0.10 ms (p50, one hop; BENCHMARKS.md).
 MESSAGE_S = 0.0002
@@ -48,16 +49,29 @@ class Placement:
     """How a disaggregated cluster's handoffs are placed (module docstring): ``kind``
     ``live`` or ``reported``; for ``reported``, ``message_s`` (a placement to its import's
     arrival at the decode replica) and ``drain_s`` (a preempting plan's host work on the
-    engine, from the report it sends first to the next step boundary)."""
+    engine, from the report it sends first to the next step boundary).
+
+    ``copy``: how a taken import's KV moves. ``link``: over the fabric from its start, with
+    the link's latency and contention (``simulator.kv_link``), the request admitted at the
+    decode replica's next step boundary after it is in. ``inline`` (``reported`` only): as the
+    engine's decode worker copies (``executor.kv_agent.take_import``): at the boundary that
+    takes them, the copies run one after another behind the replica's step in flight, each
+    taking the link's time alone; the replica's host waits for them, and its next plan, made
+    when the last is in, holds them (the link is then the idle copy's fit)."""
 
     kind: str = "reported"
     message_s: float = MESSAGE_S
     drain_s: float = 0.0
+    copy: str = "link"
 
     def __post_init__(self) -> None:
         if self.kind not in PLACEMENTS:
             raise ValueError(f"ClusterSimulation.placement must be one of {PLACEMENTS}, got "
                              f"{self.kind!r}")  # fmt: skip
+        if self.copy not in COPIES:
+            raise ValueError(f"Placement.copy must be one of {COPIES}, got {self.copy!r}")
+        if self.copy == "inline" and self.kind != "reported":
+            raise ValueError(f"Placement.copy='inline' needs kind 'reported', got {self.kind!r}")
         for name in ("message_s", "drain_s"):
             v = getattr(self, name)
             if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):

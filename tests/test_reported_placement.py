@@ -1,6 +1,7 @@
 """Handoffs placed as the engine's driver places them (``placement="reported"``): decided on a
 decode replica's latest step-end free blocks less the imports sent since, taken or refused by
-the replica at a later step boundary; every invariant of disaggregated serving still holds."""
+the replica at a later step boundary; every invariant of disaggregated serving still holds,
+with the KV over the link or copied inline (``tests/test_inline_copies.py``)."""
 
 from __future__ import annotations
 
@@ -27,21 +28,27 @@ from simulator.reported_placement import MESSAGE_S, Placement
 def test_random_clusters_placed_on_reports_keep_every_invariant(scale):
     ops, refusals = 0, 0
 
-    @settings(max_examples=60 * scale, deadline=None, derandomize=True)
+    @settings(max_examples=80 * scale, deadline=None, derandomize=True)
     @given(
         seed=st.integers(0, 2**32),
         n_prefill=st.integers(1, 3),
         n_decode=st.integers(1, 3),
         pipelined=st.booleans(),
         hold=st.booleans(),
+        inline=st.booleans(),
     )
-    def run(seed, n_prefill, n_decode, pipelined, hold):
+    def run(seed, n_prefill, n_decode, pipelined, hold, inline):
         nonlocal ops, refusals
-        reqs, sim, rec = _run(seed, n_prefill, n_decode, 0, pipelined, hold, "reported")
+        placement = Placement("reported", copy="inline" if inline else "link")
+        reqs, sim, rec = _run(seed, n_prefill, n_decode, 0, pipelined, hold, placement)
         ops += check_run(reqs, sim, rec)
         t = rec.transfers
         assert np.all(t["start"] >= t["ready"] + MESSAGE_S - 1e-12)  # the import came later
         refusals += sim.transfers.reported.refusals
+        for d in np.unique(t["dst"]) if inline else ():  # a replica's copies never overlap
+            mine = t["dst"] == d
+            order = np.argsort(t["start"][mine], kind="stable")
+            assert np.all(t["start"][mine][order][1:] >= t["end"][mine][order][:-1] - 1e-12)
 
     run()
     assert ops >= 20_000 * scale
