@@ -76,8 +76,8 @@ class TransferDriver:
         self.inline = timing.copy == "inline"
         self.link = link
         self.hosts: Sequence[Host] = ()  # inline copies: each replica's backend (``bind``)
-        self._copied: dict[int, float] = {}  # decode replica: its inline copies' last end
-        self._taken: set[int] = set()  # ... whose boundary took them and has not planned yet
+        # decode replica -> its boundary's inline copies' last end, until it plans after them
+        self._copied: dict[int, float] = {}
         if timing.kind == "reported":
             assert wake is not None
             begin = self._copy_inline if self.inline else self._begin
@@ -180,7 +180,7 @@ class TransferDriver:
     def _send(self, t: Transfer, _ev: object = None) -> None:
         self.fabric.send(t.src, t.dst, self.kv_bytes(t), partial(self._arrive, t))
 
-    def _arrive(self, t: Transfer) -> None:
+    def _arrive(self, t: Transfer, _ev: object = None) -> None:
         self.handoffs.complete(t, self.env.now)
         self.arrived(t)
 
@@ -198,13 +198,9 @@ class TransferDriver:
             if k:
                 t.start = now + (end - now)
             end += self.link.time(self.kv_bytes(t))
-            later(env, end - now, partial(self._copied_in, t))
+            later(env, end - now, partial(self._arrive, t))
         host.hold(end)
         self._copied[dst] = now + (end - now)  # the clock's reading when the host is free
-        self._taken.add(dst)
-
-    def _copied_in(self, t: Transfer, _ev: object) -> None:
-        self._arrive(t)
 
     def take(self, index: int, now: float) -> None:
         """Decode replica ``index``'s step boundary (reported placement): the imports that
@@ -212,10 +208,10 @@ class TransferDriver:
         inline copies, a boundary's host waits for its copies and then plans without taking
         again: admissions before the copies end, and the first after, take nothing."""
         assert self.reported is not None
-        if index in self._taken:
-            if now < self._copied[index]:
-                return
-            self._taken.discard(index)
+        copied = self._copied.get(index)
+        if copied is not None:
+            if now >= copied:
+                del self._copied[index]
             return
         if self.reported.take(index, now) and self.handoffs.pending:
             self._place(now)
@@ -224,6 +220,6 @@ class TransferDriver:
         self.fabric.check_integrity()
         if self.reported is not None:
             self.reported.check_integrity()
-        assert self._taken <= set(self._copied), "a boundary's copies without their end"
+        assert self.inline or not self._copied, "inline copies' ends without inline copies"
         if self.inline:
             assert len(self.hosts) == len(self.replicas), "inline copies need bind(hosts)"
