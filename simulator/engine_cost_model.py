@@ -22,6 +22,7 @@ fitted to minimise the mean absolute relative error
       t = a + b * bucket(tokens) + c * tokens + e * attention_pairs + f * prefill_context
             + g * decode_context + h * decodes + i * chunks + j * decode_context / decodes
             + k * refreshed + l * preempting + m * max(bucket(tokens) - knee, 0)
+            + n * longest_decode_context
 
   ``decode_context / decodes`` (the mean context a decode reads; 0 without decodes) is the
   critical path of a mixed step's decode attention: there the decodes run as one-query chunks
@@ -29,6 +30,14 @@ fitted to minimise the mean absolute relative error
   no split-K (the decode-only graphs split long contexts). With few decodes the GPU is not
   full and the step waits for its longest sequences, so the time follows the context *per*
   decode, not only the sum ``decode_context``.
+
+  ``longest_decode_context`` (the most keys one decode of the step reads,
+  ``RunRecords.longest_decode_contexts``) is that critical path itself: the program of the
+  longest decode walks its context while the others are done. The mean is a proxy for it that
+  holds where contexts spread as in the calibration runs (ShareGPT first turns: the longest
+  3x the mean at the median) and overprices batches of even contexts (shared 1,024-token
+  prefixes: 1.3x). Calibration files written before the column have it at -1 (unknown); a
+  model fitted to them leaves the term out (its coefficient is 0).
 
   ``max(bucket(tokens) - knee, 0)`` is the roofline's corner: a step reads the weights once,
   and a few hundred tokens' matmuls take no longer than that read (memory-bound: the fixed part
@@ -78,7 +87,15 @@ from horizon.metrics.records import RunRecords
 from horizon.plan import PLAN_SHAPE_FIELDS, StepPlan
 from horizon.step_buckets import bucket_of, decode_buckets, mixed_token_buckets
 
-STEP_COLUMNS = (*PLAN_SHAPE_FIELDS, "num_refreshed", "num_preempted", "step_s")
+STEP_COLUMNS = (
+    *PLAN_SHAPE_FIELDS,
+    "num_refreshed",
+    "num_preempted",
+    "longest_decode_context",
+    "step_s",
+)
+# files written before the longest decode's column: read with it at -1 (unknown)
+_STEP_COLUMNS_V1 = tuple(c for c in STEP_COLUMNS if c != "longest_decode_context")
 # after one intercept per bucket
 DECODE_TERMS = ("decodes", "decode_context", "refreshed", "preempting")
 MIXED_TERMS = (
@@ -94,6 +111,7 @@ MIXED_TERMS = (
     "refreshed",
     "preempting",
     "tokens_past_knee",
+    "longest_decode_context",
 )
 KNEE_MIN_GAIN = 0.05  # a knee is kept when it lowers the mixed calibration MAPE by 5% (relative)
 
@@ -115,6 +133,7 @@ def step_rows(rec: RunRecords) -> np.ndarray:
             rec.num_prefills,
             rec.num_refreshed,
             rec.num_preempted,
+            rec.longest_decode_contexts(),
             rec.step_durations(),
         ],
         axis=1,
@@ -154,7 +173,10 @@ def features(
     dec = np.concatenate([graphs, np.stack([d, dctx, ref, drains], axis=1)], axis=1)
     per_decode = dctx / np.maximum(d, 1.0)
     past = np.maximum(bt - knee, 0.0) if knee is not None else np.zeros(len(rows))
-    mix = np.stack([one, bt, t, pairs, pctx, dctx, d, n, per_decode, ref, drains, past], axis=1)
+    longest = np.maximum(rows[:, 8], 0.0)  # -1: unknown (older files), no term
+    mix = np.stack(
+        [one, bt, t, pairs, pctx, dctx, d, n, per_decode, ref, drains, past, longest], axis=1
+    )
     return p > 0, dec, mix
 
 
@@ -233,6 +255,13 @@ class EngineCostModel:
     # where it came from (``simulator.cost_model_artifact``): files and their SHA-256
     provenance: dict | None = field(default=None, compare=False)
 
+    def __post_init__(self) -> None:
+        n = len(self.mixed_coef)
+        if n == len(MIXED_TERMS) - 1:  # stored before the longest decode's term: without it
+            object.__setattr__(self, "mixed_coef", (*self.mixed_coef, 0.0))
+        elif n != len(MIXED_TERMS):
+            raise ValueError(f"mixed_coef has {n} terms, expected {len(MIXED_TERMS)}")
+
     @classmethod
     def fit(  # noqa: ANN206
         cls,
@@ -260,6 +289,9 @@ class EngineCostModel:
             if sel.sum() < 20:
                 raise ValueError(f"{int(sel.sum())} {name} steps to fit; need >= 20")
             if name == "mixed":
+                if (rows[sel, 8] < 0).any():  # a step of unknown longest decode: no such term
+                    x = x.copy()
+                    x[:, -1] = 0.0
                 c = _fit_mape(x[sel], y[sel], nonneg=True)
             else:  # buckets without steps: no column in the fit, an interpolated intercept
                 used = x[sel].any(axis=0)
@@ -319,7 +351,14 @@ class EngineCostModel:
         return self.buckets.max_num_seqs
 
     def predict_rows(self, rows: np.ndarray) -> np.ndarray:
+        """Seconds of each ``STEP_COLUMNS`` row. Raises ValueError for steps with prefill
+        chunks whose longest decode is unknown (-1: older files) when the model has that term."""
         mixed, dec, mix = features(rows, self.buckets, self.knee)
+        if self.mixed_coef[-1] and (mixed & (rows[:, 8] < 0)).any():
+            raise ValueError(
+                "steps without longest_decode_context (written before it): write them again "
+                "from their records (simulator.engine_cost_model.rows_of)"
+            )
         out = np.where(mixed, mix @ np.array(self.mixed_coef), dec @ np.array(self.decode_coef))
         return np.maximum(out, 1e-6)
 
@@ -349,6 +388,7 @@ class EngineCostModel:
             plan.num_refreshed,
             drains,
             max(bt - self.knee, 0) if self.knee is not None else 0,
+            max(r.num_computed_tokens for r in plan.decodes) if c[-1] and d else 0,
         )
         s = sum(a * b for a, b in zip(c, x))
         return max(s, 1e-6)
@@ -476,12 +516,15 @@ def read_steps(path: str | Path) -> tuple[np.ndarray, dict]:
         raw = lzma.decompress(raw)
     lines = raw.decode().splitlines()
     header = tuple(lines[0].split(","))
-    if header != STEP_COLUMNS:
+    if header not in (STEP_COLUMNS, _STEP_COLUMNS_V1):
         raise ValueError(f"{path}: columns {header}, expected {STEP_COLUMNS}")
     rows = np.array([[float(v) for v in ln.split(",")] for ln in lines[1:] if ln], dtype=np.float64)
+    rows = rows.reshape(-1, len(header))
+    if header == _STEP_COLUMNS_V1:
+        rows = np.insert(rows, len(header) - 1, -1.0, axis=1)
     side = _sidecar(p)
     meta = json.loads(side.read_text()) if side.exists() else {}
-    return rows.reshape(-1, len(STEP_COLUMNS)), meta
+    return rows, meta
 
 
 def _sidecar(p: Path) -> Path:

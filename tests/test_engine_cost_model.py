@@ -23,9 +23,9 @@ from simulator.engine_cost_model import (
 
 GOLDEN = Path(__file__).parent / "data" / "golden"
 DEC = (900e-6, 4e-6, 2e-6, 5e-9, 40e-6, 200e-6)
-MIX = (1500e-6, 1.5e-6, 0.2e-6, 1e-11, 0.1e-6, 3e-8, 1e-6, 20e-6, 4e-7, 45e-6, 180e-6, 0.0)
+MIX = (1500e-6, 1.5e-6, 0.2e-6, 1e-11, 0.1e-6, 3e-8, 1e-6, 20e-6, 4e-7, 45e-6, 180e-6, 0.0, 3e-7)
 # a compute-bound corner at 384 padded tokens: 12 us per token past it
-MIX_KNEE = (*MIX[:-1], 12e-6)
+MIX_KNEE = (*MIX[:11], 12e-6, MIX[12])
 
 
 def _synthetic(
@@ -44,16 +44,19 @@ def _synthetic(
     pctx = p + rng.integers(0, 3000, n) * (p > 0)
     pairs = p * (pctx - p) + p * (p + 1) // 2
     dctx = d * rng.integers(100, 3000, n)
+    # the longest decode: between the mean context and all of it
+    longest = np.minimum(dctx, (dctx // np.maximum(d, 1)) * rng.integers(1, 4, n))
     ref = np.where(rng.random(n) < 1 / 16, d, 0)
     pre = np.where(rng.random(n) < 0.1, rng.integers(1, 4, n), 0)
-    rows = np.stack([p, d, dctx, pctx, pairs, chunks, ref, pre, np.zeros(n)], 1).astype(float)
+    cols = [p, d, dctx, pctx, pairs, chunks, ref, pre, longest, np.zeros(n)]
+    rows = np.stack(cols, 1).astype(float)
     db, mb = decode_buckets(256), mixed_token_buckets(2048)
     for r in rows:
-        p_, d_, dctx_, pctx_, pairs_, n_, ref_, pre_ = r[:8]
+        p_, d_, dctx_, pctx_, pairs_, n_, ref_, pre_, longest_ = r[:9]
         drains = float(pre_ > 0)
         if p_ == 0:
             x = (1, bucket_of(int(d_), db), d_, dctx_, ref_, drains)
-            r[8] = np.dot(dec, x)
+            r[9] = np.dot(dec, x)
         else:
             t = p_ + d_
             x = (
@@ -69,8 +72,9 @@ def _synthetic(
                 ref_,
                 drains,
                 max(bucket_of(int(t), mb) - knee, 0),
+                longest_,
             )
-            r[8] = np.dot(mix, x)
+            r[9] = np.dot(mix, x)
     return rows
 
 
@@ -120,7 +124,9 @@ def test_the_mixed_regime_is_fitted_non_negative():
 
 def test_step_time_of_a_plan_equals_the_row_prediction():
     model = EngineCostModel.fit(_synthetic(2000, 2, MIX_KNEE), knee=256)  # 384 - 256 past it
-    reqs = [Request(i, 0.0, 100, 10, 10) for i in range(40)]
+    reqs = [Request(i, 0.0, 1000, 10, 10) for i in range(40)]
+    for i, r in enumerate(reqs[:5]):
+        r.set_computed(400 + 20 * i)  # the longest decode of the mixed plan: 480
     decode = StepPlan(0, 0.0, tuple(reqs[:37]), (), decode_context_tokens=37 * 500,
                       num_refreshed=37)  # fmt: skip
     preempting = StepPlan(0, 0.0, tuple(reqs[:36]), (), preempted=(reqs[36], reqs[37]),
@@ -131,9 +137,9 @@ def test_step_time_of_a_plan_equals_the_row_prediction():
         prefill_attention_pairs=300 * 301 // 2 + 20 * 1000 + 20 * 21 // 2, preempted=(reqs[7],),
     )  # fmt: skip
     for plan, row in (
-        (decode, [0, 37, 37 * 500, 0, 0, 0, 37, 0, 0]),
-        (preempting, [0, 36, 36 * 500, 0, 0, 0, 0, 2, 0]),
-        (mixed, [320, 5, 2500, 1320, mixed.prefill_attention_pairs, 2, 0, 1, 0]),
+        (decode, [0, 37, 37 * 500, 0, 0, 0, 37, 0, 480, 0]),  # (decode-only: not read)
+        (preempting, [0, 36, 36 * 500, 0, 0, 0, 0, 2, 480, 0]),
+        (mixed, [320, 5, 2500, 1320, mixed.prefill_attention_pairs, 2, 0, 1, 480, 0]),
     ):
         want = model.predict_rows(np.array([row], dtype=float))[0]
         assert model.step_time(plan) == pytest.approx(want, rel=1e-12)
@@ -250,3 +256,47 @@ def test_scaled_model_times_every_step_by_the_factor():
     for bad in (0.0, -1.0, math.inf, math.nan):
         with pytest.raises(ValueError, match="scale factor"):
             model.scaled(bad)
+
+
+def test_the_longest_decode_is_its_own_term():
+    """Steps of one mean context but longer longest decodes cost more, by the fitted term; the
+    model reads it off a plan's decodes."""
+    model = EngineCostModel.fit(_synthetic(3000, 8))
+    assert model.mixed_coef[-1] == pytest.approx(MIX[-1], rel=1e-5)
+    reqs = [Request(i, 0.0, 2000, 10, 10) for i in range(5)]
+
+    def plan(contexts: list[int]) -> StepPlan:
+        for r, c in zip(reqs, contexts):
+            r.set_computed(c)
+        return StepPlan(0, 0.0, tuple(reqs[:4]), ((reqs[4], 64),), num_prefill_tokens=64,
+                        decode_context_tokens=sum(contexts[:4]), prefill_context_tokens=64,
+                        prefill_attention_pairs=64 * 65 // 2)  # fmt: skip
+
+    even, skewed = (
+        model.step_time(plan([500] * 4 + [0])),
+        model.step_time(plan([1700, 100, 100, 100, 0])),
+    )
+    assert skewed - even == pytest.approx(MIX[-1] * 1200, rel=1e-6)
+
+
+def test_files_without_the_longest_decode_fit_without_it(tmp_path):
+    """A calibration file written before the column reads it as -1; its fit has no such term
+    (the other terms fitted as before), and a model with the term refuses such rows."""
+    rows = _synthetic(2000, 9, MIX[:-1] + (0.0,))
+    old = tmp_path / "old.csv"
+    header = ",".join(c for c in STEP_COLUMNS if c != "longest_decode_context")
+    lines = [",".join(f"{v:.9g}" for v in np.delete(r, 8)) for r in rows]
+    old.write_text(header + "\n" + "\n".join(lines) + "\n")
+    back, _ = read_steps(old)
+    assert back.shape == rows.shape and (back[:, 8] == -1).all()
+    np.testing.assert_allclose(np.delete(back, 8, axis=1), np.delete(rows, 8, axis=1), rtol=1e-8)
+    fitted = EngineCostModel.fit(back)
+    assert fitted.mixed_coef[-1] == 0
+    np.testing.assert_allclose(fitted.mixed_coef[:-1], MIX[:-1], rtol=1e-5, atol=1e-12)
+    with pytest.raises(ValueError, match="longest_decode_context"):
+        EngineCostModel.fit(_synthetic(2000, 8)).predict_rows(back)
+    # coefficients stored before the term (12 of them) load without it; others are refused
+    short = EngineCostModel(fitted.decode_coef, fitted.mixed_coef[:-1])
+    assert short.mixed_coef == fitted.mixed_coef
+    with pytest.raises(ValueError, match="mixed_coef"):
+        EngineCostModel(fitted.decode_coef, fitted.mixed_coef[:-2])

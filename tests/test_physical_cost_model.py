@@ -54,8 +54,8 @@ def _steps(rng, n, ctx_scale=1.0, max_prefill=2048, online=True):
     pairs = p * (pctx - p) + p * (p + 1) / 2
     chunks = (p > 0).astype(float)
     rows = np.stack(
-        [p, d, dctx, pctx, pairs, chunks, rng.integers(0, 5, n), np.zeros(n), np.zeros(n)], 1
-    )
+        [p, d, dctx, pctx, pairs, chunks, rng.integers(0, 5, n), *np.zeros((3, n))], 1
+    )  # refreshed; none preempting, longest decode (not read), step_s
     rows[:, -1] = _time(rows, online)
     return rows
 
@@ -106,8 +106,8 @@ def test_grid_rows_reads_the_profilers_long_chunks(tmp_path):
         "2048,0,0,5120,8389632,1,0.0577,0.057,0.058,prefill,True\n"
     )
     rows = grid_rows(path)
-    assert rows.shape == (1, 9)
-    assert rows[0].tolist() == [2048, 0, 0, 5120, 8389632, 1, 0, 0, 0.0577]
+    assert rows.shape == (1, 10)
+    assert rows[0].tolist() == [2048, 0, 0, 5120, 8389632, 1, 0, 0, 0, 0.0577]
     assert grid_path(tmp_path / "h200_qwen2.5-7b_online.csv.gz") == path
     bad = tmp_path / "bad.csv"
     bad.write_text("a,b\n1,2\n")
@@ -359,7 +359,7 @@ def test_decode_bucket_offsets_are_recovered_where_measured_and_zero_elsewhere()
     for d in (3, 17, 60):  # the scalar path, decode-only plans of three buckets
         plan = StepPlan(0, 0.0, tuple(Request(i, 0.0, 4, 8, 8) for i in range(d)), (),
                         decode_context_tokens=40 * d)  # fmt: skip
-        row = np.array([[0, d, 40 * d, 0, 0, 0, 0, 0, 0]], dtype=float)
+        row = np.array([[0, d, 40 * d, 0, 0, 0, 0, 0, 0, 0]], dtype=float)
         assert m.step_time(plan) == pytest.approx(float(m.predict_rows(row)[0]), rel=1e-9)
     with pytest.raises(ValueError, match="decode_offsets"):
         PhysicalCostModel(TRUE, 57344, decode_offsets=(1.0,))

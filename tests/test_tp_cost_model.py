@@ -117,7 +117,7 @@ def _synthetic(coef: dict, worlds: tuple[int, ...], n: int, seed: int, noise: fl
             d = max(d, 1) if p == 0 else d
             shape = (p, d, d * int(rng.integers(10, 3000)), p // 2, p * p // 2, int(p > 0))
             t = model.time_for(*shape) * (1 + noise * rng.standard_normal())
-            rows.append(with_world(np.array([[*shape, 0, 0, t]], dtype=float), w)[0])
+            rows.append(with_world(np.array([[*shape, 0, 0, 0, t]], dtype=float), w)[0])
     return np.array(rows)
 
 
@@ -139,5 +139,5 @@ def test_fit_refuses_steps_of_one_world_size():
     rows = _synthetic({}, (2,), 30, seed=3)
     with pytest.raises(ValueError, match=r">= 2 world sizes .* got \[2\]"):
         TensorParallelCostModel.fit(rows, Q7B, H200)
-    with pytest.raises(ValueError, match="rows must have the 10 TP_STEP_COLUMNS"):
+    with pytest.raises(ValueError, match="rows must have the 11 TP_STEP_COLUMNS"):
         TensorParallelCostModel.fit(rows[:, 1:], Q7B, H200)

@@ -175,6 +175,24 @@ class RunRecords:
         prev_end = np.concatenate(([-np.inf], self.step_end[:-1]))
         return self.step_end - np.maximum(self.step_start, prev_end)
 
+    def longest_decode_contexts(self) -> np.ndarray:
+        """Per step, the longest context one of its decodes read (``Request.num_computed_tokens``
+        before the step; 0 for steps without decodes): the decode whose attention walks the
+        most keys, which a step with prefill chunks waits for (``simulator.engine_cost_model``).
+        Derived from the token times, so records of any version have it: a token is a decode's
+        when its request's previous token came out in the step before (a running request emits
+        every step; one that ends a recompute after a preemption was out of at least one)."""
+        out = np.zeros(len(self.step_end), dtype=np.int64)
+        counts = np.diff(self.token_offsets)
+        index = np.arange(len(self.token_times)) - np.repeat(self.token_offsets[:-1], counts)
+        steps = np.searchsorted(self.step_end, self.token_times, side="left")
+        later = np.flatnonzero(index >= 1)
+        decode = later[steps[later] == steps[later - 1] + 1]
+        if len(decode):
+            context = np.repeat(self.num_prompt_tokens, counts)[decode] + index[decode] - 1
+            np.maximum.at(out, steps[decode], context)
+        return out
+
     def check(self) -> None:
         """Assert the records' own invariants (used by tests and after every run)."""
         n = self.num_requests
