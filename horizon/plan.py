@@ -50,6 +50,9 @@ class StepPlan:
             the requests' pre-update counters: read them before ``update``). A scheduler
             that draws acceptance ahead gives a ``horizon.drawn_verifies.DrawnVerifies``, a
             sequence of the same pairs whose shape is kept rather than summed.
+        longest_decode_context: the largest context one of ``decodes`` reads (0 without
+            decodes): the program a step with prefill chunks waits for
+            (``simulator.engine_cost_model``).
     """
 
     step: int
@@ -68,6 +71,7 @@ class StepPlan:
     token_budget: int = 0
     num_refreshed: int = 0
     verifies: tuple[tuple[Request, int], ...] = ()
+    longest_decode_context: int = 0
 
     @property
     def num_decode_tokens(self) -> int:
@@ -184,8 +188,9 @@ def new_plan(
     token_budget: int,
     num_refreshed: int,
     verifies: tuple[tuple[Request, int], ...] = (),
+    longest_decode_context: int = 0,
 ) -> StepPlan:
-    """``StepPlan(...)`` with every field given in its order (``verifies`` may be left out),
+    """``StepPlan(...)`` with every field given in its order (the last two may be left out),
     built without the frozen ``__init__``'s cost: the same frozen object."""
     p = _new(_PlanFields)
     p.step = step
@@ -204,6 +209,7 @@ def new_plan(
     p.token_budget = token_budget
     p.num_refreshed = num_refreshed
     p.verifies = verifies
+    p.longest_decode_context = longest_decode_context
     p.__class__ = StepPlan
     return p  # type: ignore[return-value]
 

@@ -112,6 +112,7 @@ class Scheduler:
         "_decoding",
         "_decode_tuple",
         "_ctx_base",
+        "_longest_drift",
         "_residue",
         "_rejected",
         "_last_plan_step",
@@ -161,6 +162,8 @@ class Scheduler:
         self._decoding: dict[int, Request] = {}  # event mode: running, in decode (anchored)
         self._decode_tuple: tuple[Request, ...] | None = ()
         self._ctx_base = 0  # event mode: sum over decoding of (C - clock.step), see plan
+        # event mode: max over decoding of (C - clock.step); None: to compute again
+        self._longest_drift: int | None = 0
         # event mode: decoding requests by (C - clock.step) % block_size, see _grow_decodes
         self._residue: list[dict[int, Request]] = [{} for _ in range(config.block_size)]
         self._rejected: list[tuple[Request, str]] = []
@@ -279,7 +282,7 @@ class Scheduler:
             if verifies:  # a victim re-admitted in this step runs again, but not its verify
                 gone = {id(r) for r in preempted}
                 verifies = [(r, k) for r, k in verifies if id(r) not in gone]
-        decodes, decode_context = self._step_decodes(t, verifies)
+        decodes, decode_context, longest = self._step_decodes(t, verifies)
         step_verifies = tuple(verifies) if verifies else ()
         if spec is not None and self._drawn is not None:
             step_verifies = self._drawn.verifies(t)  # type: ignore[assignment]
@@ -304,6 +307,7 @@ class Scheduler:
             max_tokens,
             refreshed,
             step_verifies,
+            longest,
         )
 
     def _drafts(self, t: int) -> dict[int, int] | None:
@@ -326,19 +330,32 @@ class Scheduler:
             budget = self._plan_verifies(drafts, budget, verifies, preempted)
         return budget, verifies
 
-    def _step_decodes(self, t: int, verifies) -> tuple[tuple[Request, ...], int]:  # noqa: ANN001
-        """The step's plain decodes (not verifying) and their context tokens; in event mode
-        the anchored set's tuple, kept until it changes, and its context in O(1)."""
+    def _step_decodes(self, t: int, verifies) -> tuple[tuple[Request, ...], int, int]:  # noqa: ANN001
+        """The step's plain decodes (not verifying), their context tokens and the longest
+        one's; in event mode the anchored set's tuple, kept until it changes, its context in
+        O(1) and its longest in O(1) but after the longest one leaves (a scan then)."""
         if self._event:
             decodes = self._decode_tuple
             if decodes is None:
                 decodes = self._decode_tuple = tuple(self._decoding.values())
-            return decodes, self._ctx_base + len(decodes) * t
+            if not decodes:
+                return decodes, 0, 0
+            return decodes, self._ctx_base + len(decodes) * t, self._longest_now() + t
         decodes = self._decodes()
         if verifies:
             verifying = {r.request_id for r, _ in verifies}
             decodes = tuple(r for r in decodes if r.request_id not in verifying)
-        return decodes, sum(r.num_computed_tokens for r in decodes)
+        contexts = [r.num_computed_tokens for r in decodes]
+        return decodes, sum(contexts), max(contexts, default=0)
+
+    def _longest_now(self) -> int:
+        """Event mode: the largest (C - clock.step) over the anchored set (0 when empty)."""
+        if self._longest_drift is None:
+            step = self.clock.step
+            self._longest_drift = max(
+                (r.num_computed_tokens - step for r in self._decoding.values()), default=0
+            )
+        return self._longest_drift
 
     def _refresh(self, now: float) -> None:
         """Let the policy revise its estimates, then re-read running requests' reservations."""
@@ -486,6 +503,8 @@ class Scheduler:
         if rid in self._decoding:  # as _unanchor, inlined: once per request that finishes
             drift = r.num_computed_tokens - self.clock.step
             self._ctx_base -= drift
+            if drift == self._longest_drift:
+                self._longest_drift = None
             del self._decoding[rid]
             del self._residue[drift % self._bs][rid]
             self._decode_tuple = None
@@ -504,6 +523,8 @@ class Scheduler:
         rid = r.request_id
         drift = r.num_computed_tokens - self.clock.step
         self._ctx_base -= drift
+        if drift == self._longest_drift:
+            self._longest_drift = None
         del self._decoding[rid]
         del self._residue[drift % self._bs][rid]
         self._decode_tuple = None
@@ -729,6 +750,10 @@ class Scheduler:
         self._decode_tuple = None
         drift = r.num_computed_tokens - self.clock.step
         self._ctx_base += drift
+        if self._longest_drift is not None and (
+            len(self._decoding) == 1 or drift > self._longest_drift
+        ):
+            self._longest_drift = drift
         self._residue[drift % self._bs][r.request_id] = r
         if self._drawn is not None:
             self._drawn.entered(r)
@@ -935,6 +960,11 @@ class Scheduler:
             assert self._ctx_base + len(self._decoding) * self.clock.step == sum(
                 r.num_computed_tokens for r in self._decoding.values()
             )
+            step = self.clock.step
+            longest = max(
+                (r.num_computed_tokens - step for r in self._decoding.values()), default=0
+            )
+            assert self._longest_drift in (None, longest), (self._longest_drift, longest)
         self.policy.check_integrity()
         if self.speculation is not None:
             self.speculation.check_integrity()

@@ -388,7 +388,7 @@ class EngineCostModel:
             plan.num_refreshed,
             drains,
             max(bt - self.knee, 0) if self.knee is not None else 0,
-            max(r.num_computed_tokens for r in plan.decodes) if c[-1] and d else 0,
+            plan.longest_decode_context,
         )
         s = sum(a * b for a, b in zip(c, x))
         return max(s, 1e-6)

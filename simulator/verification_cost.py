@@ -126,6 +126,9 @@ def as_decode_rows(plan: StepPlan) -> StepPlan:
         plan.kv_used_blocks,
         plan.token_budget,
         plan.num_refreshed,
+        (),
+        # a verify's last row reads C + k tokens
+        max(plan.longest_decode_context, max(r.num_computed_tokens + k for r, k in v)),
     )
 
 
@@ -187,6 +190,8 @@ def as_prefill_chunks(plan: StepPlan) -> StepPlan:
         plan.kv_used_blocks,
         plan.token_budget,
         plan.num_refreshed,
+        (),
+        plan.longest_decode_context,
     )
 
 

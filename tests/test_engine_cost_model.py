@@ -135,6 +135,7 @@ def test_step_time_of_a_plan_equals_the_row_prediction():
         1, 0.0, tuple(reqs[:5]), ((reqs[5], 300), (reqs[6], 20)), num_prefill_tokens=320,
         decode_context_tokens=2500, prefill_context_tokens=300 + 1020,
         prefill_attention_pairs=300 * 301 // 2 + 20 * 1000 + 20 * 21 // 2, preempted=(reqs[7],),
+        longest_decode_context=480,
     )  # fmt: skip
     for plan, row in (
         (decode, [0, 37, 37 * 500, 0, 0, 0, 37, 0, 480, 0]),  # (decode-only: not read)
@@ -259,8 +260,8 @@ def test_scaled_model_times_every_step_by_the_factor():
 
 
 def test_the_longest_decode_is_its_own_term():
-    """Steps of one mean context but longer longest decodes cost more, by the fitted term; the
-    model reads it off a plan's decodes."""
+    """Steps of one mean context but longer longest decodes cost more, by the fitted term (the
+    plan's ``longest_decode_context``, which the scheduler computes: tests/test_scheduler*)."""
     model = EngineCostModel.fit(_synthetic(3000, 8))
     assert model.mixed_coef[-1] == pytest.approx(MIX[-1], rel=1e-5)
     reqs = [Request(i, 0.0, 2000, 10, 10) for i in range(5)]
@@ -270,7 +271,8 @@ def test_the_longest_decode_is_its_own_term():
             r.set_computed(c)
         return StepPlan(0, 0.0, tuple(reqs[:4]), ((reqs[4], 64),), num_prefill_tokens=64,
                         decode_context_tokens=sum(contexts[:4]), prefill_context_tokens=64,
-                        prefill_attention_pairs=64 * 65 // 2)  # fmt: skip
+                        prefill_attention_pairs=64 * 65 // 2,
+                        longest_decode_context=max(contexts[:4]))  # fmt: skip
 
     even, skewed = (
         model.step_time(plan([500] * 4 + [0])),

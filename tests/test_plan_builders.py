@@ -19,7 +19,7 @@ def _fields(obj: object) -> dict:
 def test_new_plan_is_the_frozen_step_plan_its_constructor_makes():
     r = Request(3, 0.0, 10, 5, 5)
     args = (7, 1.5, (r,), ((r, 4),), (), ((r, "x"),), 4, 10, 30, 14, 1, 2, 3, 256, 0)
-    for extra in ((), (((r, 2),),)):
+    for extra in ((), (((r, 2),),), ((), 10)):
         p, q = new_plan(*args, *extra), StepPlan(*args, *extra)
         assert type(p) is StepPlan and _fields(p) == _fields(q)
         assert p.num_tokens == q.num_tokens and p.is_empty == q.is_empty

@@ -77,9 +77,8 @@ class PlanLog:
                 "prefill_context_tokens": plan.prefill_context_tokens,
                 "prefill_attention_pairs": plan.prefill_attention_pairs,
                 "token_budget": plan.token_budget,
-                "longest_decode_context": max(
-                    (r.num_computed_tokens for r in plan.decodes), default=0
-                ),  # fmt: skip
+                "longest_decode_context": plan.longest_decode_context,
+                "longest_of_decodes": max((r.num_computed_tokens for r in plan.decodes), default=0),
             }
         )
         return self.inner.step_time(plan)
@@ -176,9 +175,10 @@ def test_replaying_the_engines_step_clock_gives_its_plans_and_records(policy, ca
         )
     preempted = sum(len(p["preempted"]) for p in log.plans)
     assert preempted == eng.num_preemptions.sum()
-    # The longest decode, derived from the engine's token times, is the plan's.
+    # The longest decode: the plan's (kept incrementally in event mode) is its decodes', and
+    # the one derived from the engine's token times.
     planned = [p["longest_decode_context"] for p in log.plans]
-    assert max(planned) > 0
+    assert max(planned) > 0 and planned == [p["longest_of_decodes"] for p in log.plans]
     np.testing.assert_array_equal(eng.longest_decode_contexts(), planned)
 
     # The records: per step and per request, equal to the engine's.
