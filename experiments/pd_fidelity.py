@@ -8,6 +8,7 @@
     python -m experiments.pd_fidelity colocated     # + variant (d), from the committed table
     python -m experiments.pd_fidelity reported      # + the engine driver's placement, likewise
     python -m experiments.pd_fidelity reported --variant inline   # + its copies inline
+    python -m experiments.pd_fidelity resimulate   # every simulator row again, today's code
 
 Cases: ShareGPT first turns (held-out half), Poisson at 2 loads x 3 seeds, on two Qwen2.5-0.5B
 shape replicas (seeded random weights, 2,000 KV blocks each, fcfs) co-located on one GPU:
@@ -200,6 +201,7 @@ def compare(engine_root: Path, out: Path) -> dict:
                     "seed": seed,
                     "engine": figures(rec),
                     "meta": {k: meta[k] for k in ("gpu", "torch", "triton", "date", "commit")},
+                    "requests_digest": requests_digest(requests),
                 }
                 for variant, device in (("isolated", None), ("shared", "gpu0")):
                     row[variant] = figures(simulate(side, requests, link, device))
@@ -226,6 +228,27 @@ def case_requests(load: float, seed: int, tokenized):  # noqa: ANN001, ANN201
     return build_workload(cfg, tokenized).requests
 
 
+def requests_digest(requests) -> str:  # noqa: ANN001 - a sequence of horizon.request.Request
+    """SHA-256 of the requests' arrival times, prompt lengths and output lengths, in order."""
+    import hashlib
+
+    arrays = (
+        np.array([r.arrival_time for r in requests], np.float64),
+        np.array([r.num_prompt_tokens for r in requests], np.int64),
+        np.array([r.true_output_tokens for r in requests], np.int64),
+    )
+    return hashlib.sha256(b"".join(a.tobytes() for a in arrays)).hexdigest()
+
+
+def row_requests(row: dict, tokenized):  # noqa: ANN001, ANN201
+    """A committed row's requests built again; ValueError where they are not the ones the
+    engine ran (``requests_digest``, written by ``compare``)."""
+    requests = case_requests(row["load"], row["seed"], tokenized)
+    if requests_digest(requests) != row["requests_digest"]:
+        raise ValueError(f"{row['side']} {row['load']:g}/{row['seed']}: requests differ")
+    return requests
+
+
 def add_colocated(table: Path, fold: str = "all") -> dict:
     """Variant (d) of docs/cluster.md on every case of the committed ``pd_fidelity.json``
     (its engine figures and fitted link; the requests built again as ``export`` built them):
@@ -233,28 +256,11 @@ def add_colocated(table: Path, fold: str = "all") -> dict:
     ``simulator.colocated_cost_model`` (fold ``fold``, fitted to the mixed replicas of the
     cluster comparison, none of these cases) and a mixed step's slices drawn. Adds the
     ``colocated`` figures to each row and rewrites the summary and ``table.md``. Raises
-    ValueError where the rebuilt requests do not give the table's shared-device goodput
-    again (then they are not the requests the engine ran)."""
-    from horizon.workload import load_sharegpt, tokenize_corpus
-    from simulator.colocated_cost_model import ColocatedCostModel
-    from simulator.kv_link import LinkSpec
-
-    doc = json.loads((table / "pd_fidelity.json").read_text())
-    link = LinkSpec("same_gpu_ipc", doc["link"]["bandwidth_Bps"], doc["link"]["latency_s"])
-    model = ColocatedCostModel(fold=fold)
-    tokenized = tokenize_corpus(load_sharegpt(), REPO / "data" / "cache" / "sharegpt_qwen2.5.npz")
+    ValueError where the rebuilt requests are not the ones the engine ran (``row_requests``)."""
+    doc, link, tokenized = _open_table(table)
     for row in doc["rows"]:
-        requests = case_requests(row["load"], row["seed"], tokenized)
-        again = figures(simulate(row["side"], requests, link, "gpu0"))["goodput"]
-        if again != row["shared"]["goodput"]:  # the requests the engine and the table ran
-            raise ValueError(f"{row['side']} {row['load']:g}/{row['seed']}: requests differ")
-        device = model.device("gpu0", seed=row["seed"])
-        row["colocated"] = figures(simulate(row["side"], requests, link, device, model))
-        row["colocated"]["fold"] = fold
-    doc["summary"] = summary(doc)
-    _write_doc(doc, table)
-    (table / "table.md").write_text(render(doc["summary"]))
-    return doc
+        row["colocated"] = _colocated(row, row_requests(row, tokenized), link, fold)
+    return _finish(doc, table)
 
 
 def add_reported(table: Path, variant: str = "reported") -> dict:
@@ -266,27 +272,65 @@ def add_reported(table: Path, variant: str = "reported") -> dict:
     flight at the idle copy's speed (``Placement.copy``; ``calibration/h200_kv_transfer.json``).
     Adds the variant's figures to each P/D row and rewrites the summary and ``table.md``;
     checks the rebuilt requests as ``add_colocated``."""
-    from horizon.workload import load_sharegpt, tokenize_corpus
-    from simulator.kv_link import LinkSpec, measured_link
-    from simulator.reported_placement import Placement
-
     if variant not in ("reported", "inline"):
         raise ValueError(f"add_reported: variant must be 'reported' or 'inline', got {variant!r}")
+    doc, link, tokenized = _open_table(table)
+    for row in doc["rows"]:
+        if row["side"] == "pd":
+            row[variant] = _placed(variant, row_requests(row, tokenized), link)
+    return _finish(doc, table)
+
+
+def resimulate(table: Path) -> dict:
+    """Every simulator variant of the committed ``pd_fidelity.json`` run again with this
+    code and its default cost models (after a cost model changes), on each row's requests
+    built again (checked as ``add_colocated``) and the table's link; the engine's figures
+    stay. Rewrites the summary and ``table.md``."""
+    doc, link, tokenized = _open_table(table)
+    for row in doc["rows"]:
+        requests = row_requests(row, tokenized)
+        for variant, device in (("isolated", None), ("shared", "gpu0")):
+            row[variant] = figures(simulate(row["side"], requests, link, device))
+        for variant in ("reported", "inline"):
+            if variant in row:
+                row[variant] = _placed(variant, requests, link)
+        if "colocated" in row:
+            row["colocated"] = _colocated(row, requests, link, row["colocated"]["fold"])
+    return _finish(doc, table)
+
+
+def _open_table(table: Path):  # noqa: ANN202 - (doc, LinkSpec, tokenized corpus)
+    from horizon.workload import load_sharegpt, tokenize_corpus
+    from simulator.kv_link import LinkSpec
+
     doc = json.loads((table / "pd_fidelity.json").read_text())
     link = LinkSpec("same_gpu_ipc", doc["link"]["bandwidth_Bps"], doc["link"]["latency_s"])
+    tokenized = tokenize_corpus(load_sharegpt(), REPO / "data" / "cache" / "sharegpt_qwen2.5.npz")
+    return doc, link, tokenized
+
+
+def _colocated(row: dict, requests, link, fold: str) -> dict:  # noqa: ANN001
+    from simulator.colocated_cost_model import ColocatedCostModel
+
+    model = ColocatedCostModel(fold=fold)
+    device = model.device("gpu0", seed=row["seed"])
+    out = figures(simulate(row["side"], requests, link, device, model))
+    out["fold"] = fold
+    return out
+
+
+def _placed(variant: str, requests, link) -> dict:  # noqa: ANN001
+    from simulator.kv_link import measured_link
+    from simulator.reported_placement import Placement
+
     placement, copy_link = Placement("reported"), link
     if variant == "inline":
         placement = Placement("reported", copy="inline")
         copy_link = measured_link(str(REPO / "calibration" / "h200_kv_transfer.json"), MODEL)
-    tokenized = tokenize_corpus(load_sharegpt(), REPO / "data" / "cache" / "sharegpt_qwen2.5.npz")
-    for row in doc["rows"]:
-        if row["side"] != "pd":
-            continue
-        requests = case_requests(row["load"], row["seed"], tokenized)
-        again = figures(simulate(row["side"], requests, link, "gpu0"))["goodput"]
-        if again != row["shared"]["goodput"]:  # the requests the engine and the table ran
-            raise ValueError(f"{row['side']} {row['load']:g}/{row['seed']}: requests differ")
-        row[variant] = figures(simulate("pd", requests, copy_link, "gpu0", placement=placement))
+    return figures(simulate("pd", requests, copy_link, "gpu0", placement=placement))
+
+
+def _finish(doc: dict, table: Path) -> dict:
     doc["summary"] = summary(doc)
     _write_doc(doc, table)
     (table / "table.md").write_text(render(doc["summary"]))
@@ -295,7 +339,7 @@ def add_reported(table: Path, variant: str = "reported") -> dict:
 
 def _write_doc(doc: dict, where: Path) -> None:
     """``pd_fidelity.json`` with every float as it is (``add_colocated`` reads its link back as
-    an input and checks its goodputs for equality)."""
+    an input)."""
     (where / "pd_fidelity.json").write_text(compact_json.dumps(doc, None, sort_keys=False))
 
 
@@ -374,6 +418,8 @@ def main(argv: list[str] | None = None) -> None:
     p = sub.add_parser("reported", help="add the engine driver's placement to the committed table")
     p.add_argument("--table", default=str(REPO / "results" / "pd_fidelity"))
     p.add_argument("--variant", default="reported", choices=("reported", "inline"))
+    r = sub.add_parser("resimulate", help="every simulator row of the committed table again")
+    r.add_argument("--table", default=str(REPO / "results" / "pd_fidelity"))
     args = ap.parse_args(argv)
     if args.cmd == "export":
         for p in export(Path(args.out)):
@@ -382,6 +428,8 @@ def main(argv: list[str] | None = None) -> None:
         print(render(add_colocated(Path(args.table), args.fold)["summary"]))
     elif args.cmd == "reported":
         print(render(add_reported(Path(args.table), args.variant)["summary"]))
+    elif args.cmd == "resimulate":
+        print(render(resimulate(Path(args.table))["summary"]))
     else:
         compare(Path(args.engine), Path(args.out))
 

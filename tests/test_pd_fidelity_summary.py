@@ -57,3 +57,36 @@ def test_replica_load_counts_a_full_pool_s_preemptions():
     assert 0 < load["requests_preempted"] <= load["preemptions"]
     assert 0 < load["running_mean"] <= 16 and 0 < load["kv_used_mean"] <= 24
     assert load["steps"] == len(r.step_start) and load["waiting_max"] > 0
+
+
+def test_a_row_s_rebuilt_requests_are_checked_by_their_digest(monkeypatch):
+    import random
+
+    import pytest
+    from sched_driver import random_requests
+
+    from experiments import pd_fidelity
+    from horizon.request import Request
+
+    reqs = random_requests(random.Random(5), 30, max_prompt=60, max_output=40, rate=50.0)
+    row = {"side": "pd", "load": 100.0, "seed": 0, "requests_digest": ""}
+    row["requests_digest"] = pd_fidelity.requests_digest(reqs)
+    monkeypatch.setattr(pd_fidelity, "case_requests", lambda load, seed, tok: list(reqs))
+    assert pd_fidelity.row_requests(row, None) == reqs
+    for field, value in (
+        ("arrival_time", 1e-9),
+        ("num_prompt_tokens", 1),
+        ("true_output_tokens", -1),
+    ):
+        r = reqs[7]
+        kw = {
+            "arrival_time": r.arrival_time,
+            "num_prompt_tokens": r.num_prompt_tokens,
+            "max_output_tokens": r.max_output_tokens,
+            "true_output_tokens": r.true_output_tokens,
+        }
+        kw[field] += value
+        changed = [*reqs[:7], Request(r.request_id, **kw), *reqs[8:]]
+        monkeypatch.setattr(pd_fidelity, "case_requests", lambda load, seed, tok, c=changed: c)
+        with pytest.raises(ValueError, match="requests differ"):
+            pd_fidelity.row_requests(row, None)
