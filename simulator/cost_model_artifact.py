@@ -35,8 +35,8 @@ from simulator.physical_cost_model import PhysicalCostModel, grid_path
 FORMAT = "horizon-engine-cost-fit"
 VERSION = 1
 PHYSICAL_FORMAT = "horizon-physical-cost-fit"
-PHYSICAL_VERSION = 5  # 2: the compute side, the grid; 3: the longest walk; 4: floor, clock;
-# 5: the decode buckets' offsets
+PHYSICAL_VERSION = 6  # 2: the compute side, the grid; 3: the longest walk; 4: floor, clock;
+# 5: the decode buckets' offsets; 6: the decodes' walk is their longest, not their mean
 
 
 def fit_path(calibration: str | Path) -> Path:

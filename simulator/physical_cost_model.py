@@ -16,12 +16,14 @@ A step is bound by memory or by compute, whichever takes longer, plus the host's
   token, in GB: the one term that grows with context, priced per byte so longer contexts than
   calibrated cost what the bytes cost;
 * ``attention_pairs``: the prefill chunks' query x key pairs;
-* ``longest_walk``: mixed steps only, ``max(decode context / decodes, prefill context /
-  chunks) / 1,000``, the larger mean context in thousands of tokens. The mixed graph's
-  attention runs one program per query tile and KV head over a sequence's whole context, with
-  no split along the keys, so a mixed step of few rows over long contexts waits on its longest
-  walk (latency, not bytes: a 0.5B's 16-token chunk over 3,088 tokens of prefix costs ~180x
-  its KV bytes at the GPU's bandwidth);
+* ``longest_walk``: mixed steps only, ``max(longest decode context, prefill context /
+  chunks) / 1,000``, in thousands of tokens. The mixed graph's attention runs one program per
+  query tile and KV head over a sequence's whole context, with no split along the keys, so a
+  mixed step of few rows over long contexts waits on its longest walk (latency, not bytes: a
+  0.5B's 16-token chunk over 3,088 tokens of prefix costs ~180x its KV bytes at the GPU's
+  bandwidth). The decodes' walk is their longest (``STEP_COLUMNS``'
+  ``longest_decode_context``, ``StepPlan.longest_decode_context``), where it was their mean
+  context before that column existed; rows without it (-1) are refused;
 * ``linear_tflop``: the linear layers' FLOPs, 2 x the shape's matmul parameters x padded
   tokens; ``attention_tflop``: 4 x layers x query heads x head dim per attention pair (QK^T
   and PV). ``1 / f`` and ``1 / g`` are the effective throughputs (TFLOP/s) once a step is
@@ -111,7 +113,12 @@ def physical_features(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(memory, compute, host) feature matrices of ``STEP_COLUMNS`` rows, columns as
     ``MEMORY``, ``COMPUTE`` and ``HOST``; the host's ``online_host`` column is 1."""
-    p, d, dctx, pctx, pairs, n, ref, pre = (rows[:, i] for i in range(8))
+    p, d, dctx, pctx, pairs, n, ref, pre, longest = (rows[:, i] for i in range(9))
+    if (longest[p > 0] < 0).any():
+        raise ValueError(
+            "steps without longest_decode_context (written before it): write them again "
+            "from their records (simulator.engine_cost_model.rows_of)"
+        )
     mixed = (p > 0).astype(np.float64)
     db, mb = buckets.decode, buckets.mixed
     padded = np.array(
@@ -119,7 +126,7 @@ def physical_features(
         dtype=np.float64,
     )
     kv_gb = (dctx + pctx) * kv_bytes_per_token / 1e9
-    walk = mixed * np.maximum(dctx / np.maximum(d, 1), pctx / np.maximum(n, 1)) / 1e3
+    walk = mixed * np.maximum(longest, pctx / np.maximum(n, 1)) / 1e3
     memory = np.stack([1.0 - mixed, mixed, padded, kv_gb, pairs, walk], axis=1)
     compute = np.stack([padded * tflops[0], pairs * tflops[1]], axis=1)
     host = np.stack([d + n, ref, (pre > 0).astype(np.float64), np.ones(len(rows))], axis=1)
@@ -361,13 +368,8 @@ class PhysicalCostModel:
         memory += c[3] * (ctx * self.kv_bytes_per_token / 1e9) + c[4] * pairs
         if p > 0:
             n = len(plan.prefills)
-            memory += (
-                c[5]
-                * max(
-                    plan.decode_context_tokens / max(d, 1), plan.prefill_context_tokens / max(n, 1)
-                )
-                / 1e3
-            )
+            walk = max(plan.longest_decode_context, plan.prefill_context_tokens / max(n, 1))
+            memory += c[5] * walk / 1e3
         compute = c[6] * (padded * self.tflops[0]) + c[7] * (pairs * self.tflops[1])
         t = max(memory, compute) + c[8] * (d + len(plan.prefills)) + c[9] * plan.num_refreshed
         t += (c[10] if plan.preempted else 0.0) + c[11]

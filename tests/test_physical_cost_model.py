@@ -53,9 +53,10 @@ def _steps(rng, n, ctx_scale=1.0, max_prefill=2048, online=True):
     pctx = np.where(p > 0, p + rng.integers(0, 2000, n) * ctx_scale, 0)
     pairs = p * (pctx - p) + p * (p + 1) / 2
     chunks = (p > 0).astype(float)
+    longest = np.minimum(dctx, dctx / d * rng.uniform(1, 3, n))  # between the mean and all
     rows = np.stack(
-        [p, d, dctx, pctx, pairs, chunks, rng.integers(0, 5, n), *np.zeros((3, n))], 1
-    )  # refreshed; none preempting, longest decode (not read), step_s
+        [p, d, dctx, pctx, pairs, chunks, rng.integers(0, 5, n), np.zeros(n), longest, 0 * d], 1
+    )  # refreshed; none preempting; step_s
     rows[:, -1] = _time(rows, online)
     return rows
 
@@ -316,14 +317,16 @@ def test_step_time_of_a_plan_is_predict_rows_of_its_row():
         d, n = int(rng.integers(0, 60)), int(rng.integers(0, 4))
         p = int(rng.integers(1, 600)) * n
         dctx, pctx = d * int(rng.integers(10, 3000)), p + n * int(rng.integers(0, 4000))
+        longest = min(dctx, dctx // max(d, 1) * int(rng.integers(1, 4)))
         pairs, ref, pre = int(rng.integers(0, 10**6)) * (n > 0), int(rng.integers(0, 3)), n == 1
         if p + d == 0:
             continue
         plans.append(SimpleNamespace(decodes=(0,) * d, prefills=((0, 1),) * n,
                                      num_prefill_tokens=p, prefill_attention_pairs=pairs,
                                      decode_context_tokens=dctx, prefill_context_tokens=pctx,
-                                     num_refreshed=ref, preempted=(1,) * pre))  # fmt: skip
-        rows.append([p, d, dctx, pctx, pairs, n, ref, int(pre), 0.0])
+                                     num_refreshed=ref, preempted=(1,) * pre,
+                                     longest_decode_context=longest))  # fmt: skip
+        rows.append([p, d, dctx, pctx, pairs, n, ref, int(pre), longest, 0.0])
     want = m.predict_rows(np.array(rows, dtype=float))
     got = np.array([m.step_time(plan) for plan in plans])
     assert np.allclose(got, want, rtol=1e-12)
