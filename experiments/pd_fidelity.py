@@ -8,6 +8,7 @@
     python -m experiments.pd_fidelity colocated     # + variant (d), from the committed table
     python -m experiments.pd_fidelity reported      # + the engine driver's placement, likewise
     python -m experiments.pd_fidelity reported --variant inline   # + its copies inline
+    python -m experiments.pd_fidelity reported --variant quantum  # + the device's turns
     python -m experiments.pd_fidelity resimulate   # every simulator row again, today's code
 
 Cases: ShareGPT first turns (held-out half), Poisson at 2 loads x 3 seeds, on two Qwen2.5-0.5B
@@ -46,8 +47,13 @@ SEEDS = (0, 1, 2)
 REQUESTS = 1500
 SLO_TTFT, SLO_ITL = 0.25, 0.01
 SIDES = {"pd": ("prefill", "decode"), "mixed": ("mixed", "mixed")}
-# colocated: ``add_colocated``, variant (d); reported, inline: ``add_reported`` (P/D rows only)
-VARIANTS = ("isolated", "shared", "colocated", "reported", "inline")
+# colocated: ``add_colocated``, variant (d); reported, inline: ``add_reported`` (P/D rows only);
+# quantum: ``add_reported`` (every row)
+VARIANTS = ("isolated", "shared", "colocated", "reported", "inline", "quantum")
+PLACED = ("reported", "inline", "quantum")
+# quantum's time slice: the one the co-located cluster comparison chose, held out, at its two
+# higher loads (docs/cluster.md, simulator (e)); not chosen on these cases
+QUANTUM_S = 0.25e-3
 
 
 def case_name(load: float, seed: int) -> str:
@@ -269,15 +275,17 @@ def add_reported(table: Path, variant: str = "reported") -> dict:
     step-end free blocks, taken or refused at its next step boundary), both replicas on one
     GPU, steps serialized (as ``shared``). ``variant`` ``reported``: the KV over the link
     fitted to the engine's copies; ``inline``: copied behind the decode replica's step in
-    flight at the idle copy's speed (``Placement.copy``; ``calibration/h200_kv_transfer.json``).
-    Adds the variant's figures to each P/D row and rewrites the summary and ``table.md``;
-    checks the rebuilt requests as ``add_colocated``."""
-    if variant not in ("reported", "inline"):
-        raise ValueError(f"add_reported: variant must be 'reported' or 'inline', got {variant!r}")
+    flight at the idle copy's speed (``Placement.copy``; ``calibration/h200_kv_transfer.json``);
+    ``quantum``: over the link, the GPU's turns simulated round robin in ``QUANTUM_S`` slices
+    (``simulator.quantum_device``) instead of serialized steps, on the mixed rows too.
+    Adds the variant's figures to each row it covers and rewrites the summary and
+    ``table.md``; checks the rebuilt requests as ``add_colocated``."""
+    if variant not in PLACED:
+        raise ValueError(f"add_reported: variant must be one of {PLACED}, got {variant!r}")
     doc, link, tokenized = _open_table(table)
     for row in doc["rows"]:
-        if row["side"] == "pd":
-            row[variant] = _placed(variant, row_requests(row, tokenized), link)
+        if row["side"] == "pd" or variant == "quantum":
+            row[variant] = _placed(variant, row_requests(row, tokenized), link, row["side"])
     return _finish(doc, table)
 
 
@@ -291,9 +299,9 @@ def resimulate(table: Path) -> dict:
         requests = row_requests(row, tokenized)
         for variant, device in (("isolated", None), ("shared", "gpu0")):
             row[variant] = figures(simulate(row["side"], requests, link, device))
-        for variant in ("reported", "inline"):
+        for variant in PLACED:
             if variant in row:
-                row[variant] = _placed(variant, requests, link)
+                row[variant] = _placed(variant, requests, link, row["side"])
         if "colocated" in row:
             row["colocated"] = _colocated(row, requests, link, row["colocated"]["fold"])
     return _finish(doc, table)
@@ -319,15 +327,18 @@ def _colocated(row: dict, requests, link, fold: str) -> dict:  # noqa: ANN001
     return out
 
 
-def _placed(variant: str, requests, link) -> dict:  # noqa: ANN001
+def _placed(variant: str, requests, link, side: str = "pd") -> dict:  # noqa: ANN001
+    from simulator.device_sharing import DeviceSpec
     from simulator.kv_link import measured_link
     from simulator.reported_placement import Placement
 
-    placement, copy_link = Placement("reported"), link
+    placement, copy_link, device = Placement("reported"), link, "gpu0"
     if variant == "inline":
         placement = Placement("reported", copy="inline")
         copy_link = measured_link(str(REPO / "calibration" / "h200_kv_transfer.json"), MODEL)
-    return figures(simulate("pd", requests, copy_link, "gpu0", placement=placement))
+    if variant == "quantum":
+        device = DeviceSpec("gpu0", "quantum", quantum_s=QUANTUM_S)
+    return figures(simulate(side, requests, copy_link, device, placement=placement))
 
 
 def _finish(doc: dict, table: Path) -> dict:
@@ -417,7 +428,7 @@ def main(argv: list[str] | None = None) -> None:
     a.add_argument("--fold", default="all")
     p = sub.add_parser("reported", help="add the engine driver's placement to the committed table")
     p.add_argument("--table", default=str(REPO / "results" / "pd_fidelity"))
-    p.add_argument("--variant", default="reported", choices=("reported", "inline"))
+    p.add_argument("--variant", default="reported", choices=PLACED)
     r = sub.add_parser("resimulate", help="every simulator row of the committed table again")
     r.add_argument("--table", default=str(REPO / "results" / "pd_fidelity"))
     args = ap.parse_args(argv)

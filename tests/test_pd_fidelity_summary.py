@@ -90,3 +90,28 @@ def test_a_row_s_rebuilt_requests_are_checked_by_their_digest(monkeypatch):
         monkeypatch.setattr(pd_fidelity, "case_requests", lambda load, seed, tok, c=changed: c)
         with pytest.raises(ValueError, match="requests differ"):
             pd_fidelity.row_requests(row, None)
+
+
+def test_the_quantum_variant_runs_either_side_on_the_device_s_turns(monkeypatch):
+    import pytest
+
+    from experiments import pd_fidelity
+
+    seen = []
+
+    def fake(side, requests, link, device, cost_model=None, placement="live"):  # noqa: ANN001
+        seen.append((side, device, placement))
+        return "records"
+
+    monkeypatch.setattr(pd_fidelity, "simulate", fake)
+    monkeypatch.setattr(pd_fidelity, "figures", lambda rec: {"of": rec})
+    for side in SIDES:
+        assert pd_fidelity._placed("quantum", [], None, side) == {"of": "records"}
+    assert [s for s, _, _ in seen] == list(SIDES)
+    for _, device, placement in seen:
+        assert device.sharing == "quantum" and device.quantum_s == pd_fidelity.QUANTUM_S
+        assert placement.kind == "reported" and placement.copy == "link"
+    pd_fidelity._placed("reported", [], None)
+    assert seen[-1][0] == "pd" and seen[-1][1] == "gpu0"  # serialized steps, as before
+    with pytest.raises(ValueError, match="variant must be one of"):
+        pd_fidelity.add_reported(None, "timeslice")
