@@ -9,6 +9,7 @@
     python -m experiments.pd_fidelity reported      # + the engine driver's placement, likewise
     python -m experiments.pd_fidelity reported --variant inline   # + its copies inline
     python -m experiments.pd_fidelity reported --variant quantum  # + the device's turns
+    python -m experiments.pd_fidelity reported --variant inline_quantum  # both
     python -m experiments.pd_fidelity resimulate   # every simulator row again, today's code
 
 Cases: ShareGPT first turns (held-out half), Poisson at 2 loads x 3 seeds, on two Qwen2.5-0.5B
@@ -48,9 +49,9 @@ REQUESTS = 1500
 SLO_TTFT, SLO_ITL = 0.25, 0.01
 SIDES = {"pd": ("prefill", "decode"), "mixed": ("mixed", "mixed")}
 # colocated: ``add_colocated``, variant (d); reported, inline: ``add_reported`` (P/D rows only);
-# quantum: ``add_reported`` (every row)
-VARIANTS = ("isolated", "shared", "colocated", "reported", "inline", "quantum")
-PLACED = ("reported", "inline", "quantum")
+# quantum: ``add_reported`` (every row); inline_quantum: ``add_reported`` (P/D rows only)
+VARIANTS = ("isolated", "shared", "colocated", "reported", "inline", "quantum", "inline_quantum")
+PLACED = ("reported", "inline", "quantum", "inline_quantum")
 # quantum's time slice: the one the co-located cluster comparison chose, held out, at its two
 # higher loads (docs/cluster.md, simulator (e)); not chosen on these cases
 QUANTUM_S = 0.25e-3
@@ -277,7 +278,9 @@ def add_reported(table: Path, variant: str = "reported") -> dict:
     fitted to the engine's copies; ``inline``: copied behind the decode replica's step in
     flight at the idle copy's speed (``Placement.copy``; ``calibration/h200_kv_transfer.json``);
     ``quantum``: over the link, the GPU's turns simulated round robin in ``QUANTUM_S`` slices
-    (``simulator.quantum_device``) instead of serialized steps, on the mixed rows too.
+    (``simulator.quantum_device``) instead of serialized steps, on the mixed rows too;
+    ``inline_quantum``: copied inline on those turns (each copy the decode replica's device
+    work behind its step in flight).
     Adds the variant's figures to each row it covers and rewrites the summary and
     ``table.md``; checks the rebuilt requests as ``add_colocated``."""
     if variant not in PLACED:
@@ -333,10 +336,10 @@ def _placed(variant: str, requests, link, side: str = "pd") -> dict:  # noqa: AN
     from simulator.reported_placement import Placement
 
     placement, copy_link, device = Placement("reported"), link, "gpu0"
-    if variant == "inline":
+    if variant in ("inline", "inline_quantum"):
         placement = Placement("reported", copy="inline")
         copy_link = measured_link(str(REPO / "calibration" / "h200_kv_transfer.json"), MODEL)
-    if variant == "quantum":
+    if variant in ("quantum", "inline_quantum"):
         device = DeviceSpec("gpu0", "quantum", quantum_s=QUANTUM_S)
     return figures(simulate(side, requests, copy_link, device, placement=placement))
 

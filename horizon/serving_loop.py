@@ -80,6 +80,10 @@ class Backend(Protocol):
         """Seconds of host work before planning ``step`` (a modelled wake-up lag; 0 for a real
         backend, whose host work takes its own time)."""
 
+    # Optional: ``held() -> waitable | None``, work the host waits on before its next plan whose
+    # end is not known yet (the simulator's KV copies on a late-end device); None or absent:
+    # nothing. Consulted after ``host_delay``, only where the backend has it set.
+
     def execute(self, plan: StepPlan) -> StepResult: ...
 
     def drains_before(self, plan: StepPlan) -> bool:
@@ -132,6 +136,7 @@ class _Loop:
     def run(self, end: float) -> Waits:
         sched, backend, arrivals, now = self.sched, self.backend, self.arrivals, self.clock.now
         host_delay, advances = backend.host_delay, backend.advances_clock
+        held = getattr(backend, "held", None)
         check_every, pipelined, after = self.check_every, backend.pipelined, self.after_update
         woke = True  # the run's start counts as a wake-up
         flight: InFlight | None = None  # pipelined: the step submitted and not yet read
@@ -151,6 +156,8 @@ class _Loop:
             delay = host_delay(sched.clock.step, t, woke)
             if delay > 0:  # (a generator only here: the hot path stays free of them)
                 t = yield from self._host_work(delay)
+            if held is not None and (waitable := held()) is not None:
+                t = yield from self._host_work(0.0, waitable)
             woke = False
             plan = sched.schedule(t)
             empty = plan.is_empty
@@ -198,9 +205,10 @@ class _Loop:
         if step.late_end:
             self.sched.recorder.set_step_end(step.plan.step, step.end)
 
-    def _host_work(self, delay: float) -> Generator[Any, Any, float]:
-        """Wait out ``delay`` s of modelled host work before a plan; returns the time after."""
-        yield self.clock.sleep(delay)
+    def _host_work(self, delay: float, waitable: Any = None) -> Generator[Any, Any, float]:
+        """Wait out ``delay`` s of modelled host work (or ``waitable``) before a plan; returns
+        the time after."""
+        yield self.clock.sleep(delay) if waitable is None else waitable
         t = self.clock.now()
         self.arrivals.admit(self.sched, t)
         return t

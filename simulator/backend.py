@@ -70,11 +70,15 @@ class SimBackend:
         # pipelined: the latest non-empty step's end (a step starts at max(now, this))
         self._last_end: float | None = None
         self._held_until = -math.inf  # ``hold``: the host waits until then
+        self._held_event: Any = None  # ``hold_on``: the host waits for it (late-end devices)
         self._late = device is not None and device.late_ends
         if self._late and not pipelined:
             raise ValueError(
                 f"SimBackend: device {device.name!r} (sharing='quantum') needs the pipelined loop"
             )
+        # the serving loop's hook (``horizon.serving_loop``): only a late-end device's host
+        # waits on work whose end is not known yet (``hold_on``)
+        self.held = self._held if self._late else None
 
     def execute(self, plan: StepPlan) -> StepResult:
         if plan.verifies or self._drawn is not None:
@@ -135,6 +139,32 @@ class SimBackend:
         copies): a plan before then waits for it (``host_delay``)."""
         if until > self._held_until:
             self._held_until = until
+
+    @property
+    def late_ends(self) -> bool:
+        """Whether this replica's steps end when its device's turns say (``sharing='quantum'``)."""
+        return self._late
+
+    def queue(self, duration: float) -> Any:
+        """Device work of ``duration`` s alone (a KV copy) behind this replica's steps in
+        flight on a late-end device; returns the device's event, which succeeds with its end."""
+        if not self._late:
+            raise ValueError("SimBackend.queue: only on a late-end device; elsewhere busy_until")
+        return self.device.submit(id(self), duration)  # type: ignore[union-attr]
+
+    def hold_on(self, event: Any) -> None:
+        """The host waits for ``event`` (work it queued, ending when the device says) before
+        its next plan; a later call replaces an earlier one (queued work ends in order)."""
+        if not self._late:
+            raise ValueError("SimBackend.hold_on: only on a late-end device; elsewhere hold")
+        self._held_event = event
+
+    def _held(self) -> Any:
+        event = self._held_event
+        if event is None or event.processed:
+            self._held_event = None
+            return None
+        return event
 
     def drains_before(self, plan: StepPlan) -> bool:
         return False  # the cost model prices a drain (its ``preempting`` term)

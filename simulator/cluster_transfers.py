@@ -10,11 +10,15 @@ With ``placement="reported"`` a placement is an offer that the decode replica ta
 at a later step boundary (``simulator.reported_placement``); its transfer starts when taken.
 With inline copies (``Placement.copy``) the fabric is not used: the boundary's copies run in
 turn behind the decode replica's step in flight at the link's own speed, and the replica's host
-waits for them (``SimBackend.hold``) before the plan that admits them.
+waits for them (``SimBackend.hold``) before the plan that admits them. On a device whose turns
+are simulated (``sharing='quantum'``) the copies are the replica's device work, queued behind
+its step in flight and sharing the turns like a step (``SimBackend.queue``); the host waits for
+the last one's event (``SimBackend.hold_on``).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Protocol
@@ -31,9 +35,15 @@ from simulator.reported_placement import Placement, ReportedPlacement
 class Host(Protocol):
     """A replica's backend as inline copies see it (``simulator.backend.SimBackend``)."""
 
+    late_ends: bool  # a step's end is known when it is over: ``queue`` and ``hold_on``
+
     def busy_until(self, now: float) -> float: ...
 
     def hold(self, until: float) -> None: ...
+
+    def queue(self, duration: float) -> simpy.Event: ...
+
+    def hold_on(self, event: simpy.Event) -> None: ...
 
 
 class TransferDriver:
@@ -87,15 +97,6 @@ class TransferDriver:
     def bind(self, hosts: Sequence[Host]) -> None:
         """Each replica's backend, where its steps in flight end and its host waits (needed
         for inline copies; ``Placement.copy``)."""
-        if self.inline:
-            for r in self.replicas:
-                if r.role != "decode":
-                    continue
-                try:
-                    hosts[r.index].busy_until(self.env.now)
-                except ValueError as e:
-                    raise ValueError(f"Placement.copy='inline' needs decode replica {r.index}'s "
-                                     f"step ends at submission: {e}") from None  # fmt: skip
         self.hosts = tuple(hosts)
 
     def after_update(self, index: int) -> Callable[[], None] | None:
@@ -192,6 +193,9 @@ class TransferDriver:
         env, now = self.env, self.env.now
         dst = transfers[0].dst
         host = self.hosts[dst]
+        if host.late_ends:
+            self._queue_inline(host, transfers)
+            return
         end = host.busy_until(now)
         for k, t in enumerate(transfers):
             assert t.dst == dst and t.start == now
@@ -201,6 +205,27 @@ class TransferDriver:
             later(env, end - now, partial(self._arrive, t))
         host.hold(end)
         self._copied[dst] = now + (end - now)  # the clock's reading when the host is free
+
+    def _queue_inline(self, host: Host, transfers: list[Transfer]) -> None:
+        """``_copy_inline`` on a late-end device: each copy is queued there behind the step in
+        flight; the next one starts (as recorded) when it is in; the host waits for the last."""
+        dst = transfers[0].dst
+        self._copied[dst] = math.inf  # until the last copy is in
+
+        def arrive(k: int, ev: simpy.Event) -> None:
+            t = transfers[k]
+            if k + 1 < len(transfers):
+                transfers[k + 1].start = ev.value
+            else:
+                self._copied[dst] = ev.value
+            self._arrive(t)
+
+        event = None
+        for k, t in enumerate(transfers):
+            assert t.dst == dst and t.start == self.env.now
+            event = host.queue(self.link.time(self.kv_bytes(t)))
+            event.callbacks.append(partial(arrive, k))
+        host.hold_on(event)
 
     def take(self, index: int, now: float) -> None:
         """Decode replica ``index``'s step boundary (reported placement): the imports that

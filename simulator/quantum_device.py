@@ -40,7 +40,8 @@ class QuantumDevice:
 
     Contracts:
         * ``submit(owner, duration)`` queues a step and returns a SimPy event that succeeds
-          with the step's end time (``>= now + duration``; ``duration <= 0``: at once, now).
+          with the step's end time (``>= now + duration``; ``duration <= 0``: when the owner's
+          work queued before it ends, or at once, now, if none is).
         * An owner's steps run in submission order; the device is never idle while a step is
           queued, and never serves two owners at once.
         * ``busy_s`` (own time served) + ``switch_total_s`` <= the time the device had work.
@@ -71,9 +72,12 @@ class QuantumDevice:
 
     def submit(self, owner: object, duration: float) -> simpy.Event:
         event = self.env.event()
-        if duration <= 0:
-            return event.succeed(self.env.now)
         q = self._queues.get(owner)
+        if duration <= 0:  # nothing to serve: it ends with the owner's work queued before it
+            if q:
+                q[-1][2].callbacks.append(lambda ev: event.succeed(ev.value))
+                return event
+            return event.succeed(self.env.now)
         if q is None:
             q = self._queues[owner] = deque()
             self._order.append(owner)

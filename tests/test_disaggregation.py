@@ -42,7 +42,7 @@ def _cfg(rng: random.Random, bs: int) -> SchedulerConfig:
 
 
 def _run(seed: int, n_prefill: int, n_decode: int, mixed: int, pipelined: bool, hold: bool,  # noqa: ANN202
-         placement: str = "live"):  # fmt: skip
+         placement: str = "live", device=None):  # noqa: ANN001 - every replica's DeviceSpec  # fmt: skip
     rng = random.Random(seed)
     bs = rng.choice([1, 2, 4, 16])
     roles = ["prefill"] * n_prefill + ["decode"] * n_decode + ["mixed"] * mixed
@@ -53,6 +53,7 @@ def _run(seed: int, n_prefill: int, n_decode: int, mixed: int, pipelined: bool, 
             ConstantCost(rng.choice((0.005, 0.01, 0.02))),
             SHAPE,
             role=role,
+            device=device,
         )
         for role in roles
     ]

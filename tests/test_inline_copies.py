@@ -31,13 +31,14 @@ def test_the_same_seed_gives_byte_identical_records():
     assert _run(7, 2, 2, 0, True, True, "reported")[2].digest() not in digests
 
 
-def _pair(placement: Placement | str):  # noqa: ANN202
+def _pair(placement: Placement | str, decode_device=None, prefill_device=None):  # noqa: ANN001, ANN202
     """A prefill and a decode replica (steps of 10 ms): request 0 alone, then request 1 handed
-    off while request 0 decodes."""
+    off while request 0 decodes; each replica on a GPU of its own or the device given."""
     cfg = SchedulerConfig(num_blocks=64, block_size=16, max_num_seqs=4,
                           max_num_batched_tokens=256, max_model_len=1024)  # fmt: skip
-    setups = [ReplicaSetup(cfg, make_policy("fcfs"), ConstantCost(STEP), SHAPE, role=role)
-              for role in ("prefill", "decode")]  # fmt: skip
+    devices = {"prefill": prefill_device, "decode": decode_device}
+    setups = [ReplicaSetup(cfg, make_policy("fcfs"), ConstantCost(STEP), SHAPE, role=role,
+                           device=devices[role]) for role in ("prefill", "decode")]  # fmt: skip
     reqs = [Request(0, 0.0, 40, 30, 30), Request(1, 0.083, 40, 5, 5)]
     sim = ClusterSimulation(reqs, setups, make_router("round_robin"), check_every=1,
                             decode_router=make_router("least_kv"), kv_link=LINK, pipelined=True,
@@ -63,17 +64,25 @@ def test_a_copy_waits_for_the_step_in_flight_and_the_next_plan_holds_it():
     assert link["first_decode"][1] > 1.5 * STEP  # over the link: taken a boundary later
 
 
-def test_inline_copies_need_reported_placement_and_known_step_ends():
+def test_inline_copies_need_reported_placement():
     with pytest.raises(ValueError, match="Placement.copy"):
         Placement("reported", copy="fabric")
     with pytest.raises(ValueError, match="Placement.copy='inline' needs kind 'reported'"):
         Placement("live", copy="inline")
-    cfg = SchedulerConfig(num_blocks=64, block_size=16, max_num_seqs=4,
-                          max_num_batched_tokens=64, max_model_len=1024)  # fmt: skip
+
+
+def test_alone_on_a_quantum_device_copies_take_the_times_they_take_on_a_gpu_of_their_own():
+    """A decode replica alone on a device of simulated turns: its copies are its device work,
+    queued behind its step in flight, and nothing shares the turns, so every time is the
+    device-of-its-own one; with the prefill replica on the same device, the copies are
+    stretched by its turns, never shortened."""
     gpu = DeviceSpec("gpu0", "quantum", quantum_s=1e-3)
-    setups = [ReplicaSetup(cfg, make_policy("fcfs"), ConstantCost(STEP), SHAPE, role=role,
-                           device=gpu) for role in ("prefill", "decode")]  # fmt: skip
-    with pytest.raises(ValueError, match="Placement.copy='inline' needs decode replica 1"):
-        ClusterSimulation([Request(0, 0.0, 8, 2, 2)], setups, make_router("round_robin"),
-                          decode_router=make_router("least_kv"), kv_link=LINK, pipelined=True,
-                          placement=INLINE)  # fmt: skip
+    own, alone = _pair(INLINE), _pair(INLINE, decode_device=gpu)
+    for k in ("start", "end", "num_blocks"):
+        assert np.allclose(own.transfers[k], alone.transfers[k], rtol=0, atol=1e-12), k
+    for k in ("step_start", "step_end", "token_times"):  # the plan after the copies holds them
+        assert np.allclose(getattr(own.replicas[1], k), getattr(alone.replicas[1], k)), k
+    assert ttft_parts(alone)["first_decode"] == pytest.approx([STEP, STEP])
+    both = _pair(INLINE, decode_device=gpu, prefill_device=gpu)
+    took, own_took = (r.transfers["end"] - r.transfers["start"] for r in (both, own))
+    assert np.all(took >= own_took - 1e-12) and took.max() > own_took.max() + 1e-3

@@ -21,6 +21,7 @@ from horizon.policies import make_policy
 from horizon.request import Request
 from horizon.scheduler_config import SchedulerConfig
 from simulator.cluster_simulation import ClusterSimulation, ReplicaSetup
+from simulator.device_sharing import DeviceSpec
 from simulator.kv_link import LINKS
 from simulator.reported_placement import MESSAGE_S, Placement
 
@@ -36,11 +37,14 @@ def test_random_clusters_placed_on_reports_keep_every_invariant(scale):
         pipelined=st.booleans(),
         hold=st.booleans(),
         inline=st.booleans(),
+        quantum=st.booleans(),
     )
-    def run(seed, n_prefill, n_decode, pipelined, hold, inline):
+    def run(seed, n_prefill, n_decode, pipelined, hold, inline, quantum):
         nonlocal ops, refusals
         placement = Placement("reported", copy="inline" if inline else "link")
-        reqs, sim, rec = _run(seed, n_prefill, n_decode, 0, pipelined, hold, placement)
+        turns = quantum and pipelined  # every replica on one GPU of simulated turns
+        gpu = DeviceSpec("gpu0", "quantum", quantum_s=1e-3) if turns else None
+        reqs, sim, rec = _run(seed, n_prefill, n_decode, 0, pipelined, hold, placement, gpu)
         ops += check_run(reqs, sim, rec)
         t = rec.transfers
         assert np.all(t["start"] >= t["ready"] + MESSAGE_S - 1e-12)  # the import came later
